@@ -1,0 +1,28 @@
+# Every target works on a fresh clone with only Python 3.11: it creates .venv first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+export OMP_NUM_THREADS := 1
+
+.PHONY: install test bench fuzz clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first and pinned, so pip never resolves an unpinned (CUDA, multi-GB) torch.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_transforms.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,35 @@
+"""functional_mesh: device meshes as values, process groups at one effectful step.
+
+The pure layer (``Mesh``, ``make_mesh``, layouts) imports without torch. The effectful and
+torch-facing parts (``realize``, collectives, interop) load on first use (PEP 562), so
+planning a mesh needs no torch at all.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .errors import MeshError, UnknownAxisError
+from .layout import Layout
+from .mesh import Mesh, MeshShape, make_mesh
+
+__version__ = "0.1.0"
+
+# name -> submodule that defines it; loaded on first attribute access.
+_LAZY: dict[str, str] = {}
+
+__all__ = ["Layout", "Mesh", "MeshError", "MeshShape", "UnknownAxisError", "make_mesh", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'functional_mesh' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,488 @@
+"""The immutable ``Mesh`` value: named axes over layouts and a device list.
+
+A mesh of ``k`` named axes lives on a device list of ``N`` global ranks. Each axis is a
+canonical :class:`~functional_mesh.layout.Layout` into ``[0, N)``; together the axes form a
+block of ``size`` indices, and the complement of that block enumerates the *groups*: one
+submesh per translate. Rank order inside a group is row-major over the axes in the mesh's
+order, exactly as in torch's ``DeviceMesh``.
+
+Transformations (select, flatten, unflatten, transpose, rename) build new meshes from the
+axes' layouts alone, in O(ndim), sharing the device list: they never look at the ranks and
+never touch ``torch.distributed``.
+
+Examples:
+    >>> mesh = make_mesh((2, 4), ("dp", "tp"))
+    >>> mesh
+    Mesh(dp=2, tp=4)
+    >>> mesh["tp"].groups().tolist()
+    [[0, 1, 2, 3], [4, 5, 6, 7]]
+    >>> mesh["tp", "dp"].groups().tolist()          # any order, unlike torch
+    [[[0, 4], [1, 5], [2, 6], [3, 7]]]
+    >>> mesh.coordinate(6)
+    (1, 2)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from . import layout as L
+from ._devices import DeviceList, int_array
+from .errors import MeshError, check_int, requires, unknown_axis
+
+__all__ = ["Mesh", "MeshShape", "make_mesh"]
+
+
+class MeshShape(Mapping[str, int]):
+    """``mesh.shape``: an ordered, read-only mapping from axis name to size (as in JAX).
+
+    Indexing it by position, torch style, raises a ``MeshError`` that says what to write instead.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, names: Sequence[str], sizes: Sequence[int]) -> None:
+        self._items = dict(zip(names, sizes))
+
+    def __getitem__(self, key: str) -> int:
+        if isinstance(key, int) and not isinstance(key, bool):
+            raise MeshError(
+                requires("mesh.shape[...]", "an axis name (mesh.shape is a mapping, as in JAX)", "key", key,
+                         tuple(self._items)) + f"; for sizes by position use mesh.axis_sizes[{key}]"
+            )
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+
+class _Size(int):
+    """``mesh.size``: an int that explains itself when called like torch's ``DeviceMesh.size()``."""
+
+    def __call__(self, *args: object) -> int:
+        raise TypeError(
+            "`Mesh.size` is a property (as in JAX), not a method: write mesh.size for the "
+            "number of devices in one group, or mesh.axis_size('tp') for one axis"
+        )
+
+    def __reduce__(self):
+        return (int, (int(self),))
+
+
+def _name_tuple(api: str, names: object, what: str = "axis_names") -> tuple[str, ...]:
+    """Normalise a name or a tuple/list of names; non-str names are a ``TypeError``."""
+    if isinstance(names, str):
+        return (names,)
+    if not isinstance(names, (tuple, list)):
+        raise TypeError(requires(api, f"a str or a tuple of str for {what}", what, names))
+    for n in names:
+        if not isinstance(n, str):
+            raise TypeError(requires(api, f"str axis names in {what}", "name", n))
+        if not n:
+            raise MeshError(requires(api, "non-empty axis names", what, tuple(names)))
+    return tuple(names)
+
+
+def _check_unique(api: str, names: tuple[str, ...], what: str = "axis_names") -> None:
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise MeshError(requires(api, "distinct axis names", what, names) + f"; {n!r} appears twice")
+        seen.add(n)
+
+
+@attrs.frozen(init=False, repr=False, eq=False)
+class Mesh:
+    """Named axes over canonical layouts on a device list; immutable, hashable, picklable.
+
+    Build meshes with :func:`make_mesh` or :meth:`Mesh.from_ranks`; the constructor takes the
+    raw parts (axis names, one :class:`Layout` per axis, a device list) and validates them.
+
+    Args:
+        axis_names: distinct non-empty names, one per axis.
+        layouts: one layout per axis, mapping the axis coordinate to an index into ``devices``.
+        devices: the global ranks; an int ``n`` means the symbolic ``0..n-1``.
+
+    Raises:
+        MeshError: when names repeat, or the axes overlap or do not tile the device list.
+    """
+
+    _axis_names: tuple[str, ...]
+    _layouts: tuple[L.Layout, ...]
+    _devices: DeviceList
+    _hash: int
+
+    def __init__(self, axis_names: Sequence[str], layouts: Sequence[L.Layout], devices: int | object) -> None:
+        names = _name_tuple("Mesh", axis_names)
+        _check_unique("Mesh", names)
+        layouts = tuple(layouts)
+        for lay in layouts:
+            if not isinstance(lay, L.Layout):
+                raise TypeError(requires("Mesh", "a Layout per axis", "layout", lay))
+        if len(layouts) != len(names):
+            raise MeshError(requires("Mesh", "one layout per axis name", "layouts", layouts, names))
+        if isinstance(devices, int) and not isinstance(devices, bool):
+            devices = DeviceList.iota(devices)
+        devices = DeviceList.from_values("Mesh", devices)
+        try:
+            L.complement(L.concat(*layouts), len(devices))
+        except MeshError as e:
+            raise MeshError(
+                f"`Mesh` requires axes that do not overlap and tile the {len(devices)} devices, "
+                f"but got layouts {tuple(str(x) for x in layouts)} for axes {names}: {e}"
+            ) from None
+        object.__setattr__(self, "_axis_names", names)
+        object.__setattr__(self, "_layouts", layouts)
+        object.__setattr__(self, "_devices", devices)
+        object.__setattr__(self, "_hash", hash((names, layouts, devices)))
+
+    def __eq__(self, other: object) -> bool:
+        """Structural equality after canonicalisation: names, axis layouts and device list."""
+        if not isinstance(other, Mesh):
+            return NotImplemented
+        return self is other or (
+            self._hash == other._hash
+            and self._axis_names == other._axis_names
+            and self._layouts == other._layouts
+            and self._devices == other._devices
+        )
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):
+        # Rebuild through the constructor: validated, and the hash recomputed in the new process.
+        return (Mesh, (self._axis_names, self._layouts, self._devices))
+
+    def _derive(self, names: tuple[str, ...], layouts: tuple[L.Layout, ...]) -> Mesh:
+        """A mesh on the same device list, validated by the constructor."""
+        return Mesh(names, layouts, self._devices)
+
+    @classmethod
+    def from_ranks(cls, ranks: object, axis_names: str | Sequence[str]) -> Mesh:
+        """The mesh whose only group is the nested rank array ``ranks`` (torch's ``mesh=`` tensor).
+
+        Examples:
+            >>> m = Mesh.from_ranks([[0, 2], [1, 3]], ("dp", "tp"))
+            >>> m["tp"].groups().tolist()
+            [[0, 2], [1, 3]]
+        """
+        names = _name_tuple("Mesh.from_ranks", axis_names)
+        array = int_array("Mesh.from_ranks", ranks)
+        if array.ndim != len(names):
+            raise MeshError(
+                requires("Mesh.from_ranks", "one axis name per dimension of ranks", "axis_names", names)
+                + f" for ranks of shape {array.shape}"
+            )
+        if 0 in array.shape:
+            raise MeshError(requires("Mesh.from_ranks", "a non-empty rank array", "ranks shape", array.shape))
+        devices = DeviceList.from_values("Mesh.from_ranks", array.reshape(-1))
+        return cls(names, _row_major_axes(array.shape), devices)
+
+    # -- shape ---------------------------------------------------------------------------------
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        """The axis names, in mesh order."""
+        return self._axis_names
+
+    @property
+    def axis_sizes(self) -> tuple[int, ...]:
+        """The axis sizes, in mesh order."""
+        return tuple(lay.size for lay in self._layouts)
+
+    @property
+    def shape(self) -> MeshShape:
+        """Ordered mapping ``{name: size}``."""
+        return MeshShape(self._axis_names, self.axis_sizes)
+
+    @property
+    def ndim(self) -> int:
+        """Number of axes."""
+        return len(self._axis_names)
+
+    @property
+    def size(self) -> int:
+        """Number of devices in one group: the product of the axis sizes."""
+        return _Size(math.prod(self.axis_sizes))
+
+    @property
+    def num_groups(self) -> int:
+        """Number of submeshes (groups) this mesh stands for."""
+        return len(self._devices) // self.size
+
+    @property
+    def num_devices(self) -> int:
+        """Length ``N`` of the device list (all groups together)."""
+        return len(self._devices)
+
+    @property
+    def devices(self) -> np.ndarray:
+        """The device list as a read-only int64 array (materialised on demand)."""
+        return self._devices.to_array()
+
+    @property
+    def device_list(self) -> DeviceList:
+        """The device list value itself, shared with every derived mesh."""
+        return self._devices
+
+    @property
+    def layout(self) -> L.Layout:
+        """The layout of all axes together (coordinates row-major over the axes)."""
+        return L.concat(*self._layouts)
+
+    def axis_index_of(self, name: str, api: str = "Mesh.axis_size") -> int:
+        """Position of axis ``name``; unknown names raise with a "did you mean"."""
+        if not isinstance(name, str):
+            raise TypeError(requires(api, "a str axis name", "axis", name))
+        try:
+            return self._axis_names.index(name)
+        except ValueError:
+            raise unknown_axis(api, name, self._axis_names, self) from None
+
+    def axis_size(self, name: str) -> int:
+        """Size of axis ``name``."""
+        return self._layouts[self.axis_index_of(name)].size
+
+    def axis_layout(self, name: str) -> L.Layout:
+        """The canonical layout of axis ``name`` (the realize cache key of its groups)."""
+        return self._layouts[self.axis_index_of(name, "Mesh.axis_layout")]
+
+    # -- transformations -----------------------------------------------------------------------
+
+    def _positions(self, api: str, names: object, what: str = "axes") -> tuple[int, ...]:
+        names_t = _name_tuple(api, names, what)
+        if not names_t:
+            raise MeshError(requires(api, "at least one axis", what, names_t, self._axis_names), mesh=self)
+        _check_unique(api, names_t, what)
+        return tuple(self.axis_index_of(n, api) for n in names_t)
+
+    def __getitem__(self, names: str | Sequence[str]) -> Mesh:
+        """Select axes, in the given order: ``mesh["tp"]``, ``mesh["tp", "dp"]``."""
+        if isinstance(names, int) and not isinstance(names, bool):
+            raise TypeError(
+                requires("Mesh[...]", "axis names, not positions", "key", names, self._axis_names)
+                + f"; write mesh[{self._axis_names[names]!r}]" * (0 <= names < self.ndim)
+            )
+        pos = self._positions("Mesh[...]", names)
+        return self._derive(tuple(self._axis_names[i] for i in pos), tuple(self._layouts[i] for i in pos))
+
+    def flatten(self, axes: str | Sequence[str] | None = None, name: str | None = None) -> Mesh:
+        """Merge ``axes`` (default: all) into one axis, row-major in the listed order.
+
+        The merged axis takes the place of the first listed axis among the remaining ones;
+        its default name joins the listed names with ``"_"``.
+
+        Examples:
+            >>> m = make_mesh((2, 2, 2), ("a", "b", "c"))
+            >>> m.flatten(("c", "a"))
+            Mesh(b=2, c_a=4)
+            >>> m.flatten(("a", "c"))["a_c"].groups().tolist()
+            [[0, 1, 4, 5], [2, 3, 6, 7]]
+        """
+        pos = tuple(range(self.ndim)) if axes is None else self._positions("Mesh.flatten", axes)
+        if not pos:
+            raise MeshError("`Mesh.flatten` requires a mesh with at least one axis, but got a 0-axis mesh", mesh=self)
+        listed = tuple(self._axis_names[i] for i in pos)
+        if name is None:
+            name = "_".join(listed)
+        name = _name_tuple("Mesh.flatten", name, "name")
+        if len(name) != 1:
+            raise TypeError(requires("Mesh.flatten", "one str for name", "name", name))
+        merged = L.concat(*(self._layouts[i] for i in pos))
+        names: list[str] = []
+        layouts: list[L.Layout] = []
+        for i, (n, lay) in enumerate(zip(self._axis_names, self._layouts)):
+            if i == pos[0]:
+                names.append(name[0])
+                layouts.append(merged)
+            elif i not in pos:
+                names.append(n)
+                layouts.append(lay)
+        if name[0] in names[:names.index(name[0])] + names[names.index(name[0]) + 1:]:
+            raise MeshError(
+                requires("Mesh.flatten", "a merged name distinct from the remaining axes", "name", name[0],
+                         tuple(n for n in names if n != name[0])), mesh=self)
+        return self._derive(tuple(names), tuple(layouts))
+
+    def unflatten(self, axis: str, sizes: Mapping[str, int] | Sequence[tuple[str, int]]) -> Mesh:
+        """Split ``axis`` into new axes, row-major, in its place: ``unflatten("w", {"dp": 2, "tp": 4})``.
+
+        The sizes must multiply to the axis size and split it along its canonical modes
+        (a non-contiguous ``(2,3):(6,1)`` axis splits as ``(2, 3)`` or ``(6,)``, not ``(3, 2)``).
+
+        Examples:
+            >>> m = make_mesh((8,), ("world",)).unflatten("world", {"dp": 2, "tp": 4})
+            >>> m["dp"].groups().tolist()
+            [[0, 4], [1, 5], [2, 6], [3, 7]]
+        """
+        api = "Mesh.unflatten"
+        i = self.axis_index_of(axis, api) if isinstance(axis, str) else self._positions(api, axis, "axis")[0]
+        items = _size_items(api, sizes)
+        new_names = tuple(n for n, _ in items)
+        new_sizes = tuple(s for _, s in items)
+        old = self._layouts[i]
+        if math.prod(new_sizes) != old.size:
+            raise MeshError(
+                requires(api, f"sizes whose product equals the size of axis {axis!r} ({old.size})", "sizes",
+                         dict(items)), mesh=self)
+        parts = []
+        for part in _row_major_axes(new_sizes):
+            try:
+                parts.append(L.composition(old, part))
+            except MeshError:
+                raise MeshError(
+                    requires(api, f"sizes that split axis {axis!r} along its modes {old} (outermost first)",
+                             "sizes", dict(items),
+                             f"sizes whose inner-to-outer products line up with the modes, e.g. {old.shape} "
+                             f"or ({old.size},)"),
+                    mesh=self) from None
+        names = self._axis_names[:i] + new_names + self._axis_names[i + 1:]
+        _check_unique(api, names, "resulting axis names")
+        return self._derive(names, self._layouts[:i] + tuple(parts) + self._layouts[i + 1:])
+
+    def transpose(self, *axes: str | Sequence[str]) -> Mesh:
+        """Reorder the axes: ``transpose("tp", "dp", "cp")`` (a permutation of all names)."""
+        names = axes[0] if len(axes) == 1 and not isinstance(axes[0], str) else axes
+        names = _name_tuple("Mesh.transpose", tuple(names) if isinstance(names, list) else names, "axes")
+        if sorted(names) != sorted(self._axis_names) or len(set(names)) != len(names):
+            raise MeshError(
+                requires("Mesh.transpose", "a permutation of all axis names", "axes", names, self._axis_names),
+                mesh=self)
+        pos = tuple(self._axis_names.index(n) for n in names)
+        return self._derive(names, tuple(self._layouts[i] for i in pos))
+
+    def rename(self, mapping: Mapping[str, str]) -> Mesh:
+        """Rename axes simultaneously: ``rename({"dp": "data"})``; ``{"a": "b", "b": "a"}`` swaps."""
+        if not isinstance(mapping, Mapping):
+            raise TypeError(requires("Mesh.rename", "a mapping {old: new}", "mapping", mapping))
+        for old, new in mapping.items():
+            self.axis_index_of(old, "Mesh.rename")
+            _name_tuple("Mesh.rename", (new,), "new name")
+        names = tuple(mapping.get(n, n) for n in self._axis_names)
+        _check_unique("Mesh.rename", names, "resulting axis names")
+        return self._derive(names, self._layouts)
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def groups(self) -> np.ndarray:
+        """Every submesh's global ranks: int64 array of shape ``(num_groups, *axis_sizes)``.
+
+        Groups come in torch's order (increasing first index into the device list).
+        """
+        idx = L.groups(self.layout, len(self._devices))
+        return self._devices.take(idx).reshape((-1, *self.axis_sizes))
+
+    def _locate(self, api: str, rank: int) -> tuple[int, int] | None:
+        """``(group number, flat coordinate)`` of global ``rank``, or ``None`` when absent."""
+        rank = check_int(api, "rank", rank)
+        if rank < 0:
+            raise MeshError(requires(api, "a non-negative global rank", "rank", rank), mesh=self)
+        index = self._devices.index_of(rank)
+        if index is None:
+            return None
+        return L.decompose(self.layout, len(self._devices), index)
+
+    def coordinate(self, rank: int) -> tuple[int, ...] | None:
+        """``rank``'s coordinate in its submesh (mesh order), or ``None`` if it is not a device."""
+        where = self._locate("Mesh.coordinate", rank)
+        if where is None:
+            return None
+        return tuple(int(c) for c in np.unravel_index(where[1], self.axis_sizes)) if self.ndim else ()
+
+    def group_of(self, rank: int) -> np.ndarray | None:
+        """The submesh holding ``rank`` (shape ``axis_sizes``), or ``None`` if it is not a device."""
+        where = self._locate("Mesh.group_of", rank)
+        if where is None:
+            return None
+        lay = self.layout
+        offset = L.complement(lay, len(self._devices))(where[0])
+        return self._devices.take(offset + L.indices(lay)).reshape(self.axis_sizes)
+
+    @property
+    def ranks(self) -> np.ndarray:
+        """The ranks of the only group, shape ``axis_sizes``; a ``MeshError`` for a family."""
+        if self.num_groups != 1:
+            raise MeshError(
+                f"`Mesh.ranks` requires a mesh with one group, but got num_groups={self.num_groups} "
+                f"({self!r}); use mesh.groups() or mesh.group_of(rank)", mesh=self)
+        return self.groups()[0]
+
+    def __repr__(self) -> str:
+        axes = ", ".join(f"{n}={s}" for n, s in zip(self._axis_names, self.axis_sizes)) or "()"
+        if self.num_groups > 1:
+            return f"Mesh({axes}; {self.num_groups} groups over devices {self._devices.describe()})"
+        if not self._devices.is_iota:
+            return f"Mesh({axes}; devices {self._devices.describe()})"
+        return f"Mesh({axes})"
+
+
+def _row_major_axes(sizes: Sequence[int]) -> tuple[L.Layout, ...]:
+    """One layout per axis of a compact row-major grid over ``sizes``."""
+    return tuple(L.Layout((s,), (d,)) for s, d in zip(sizes, L.row_major_strides(sizes)))
+
+
+def _size_items(api: str, sizes: object) -> tuple[tuple[str, int], ...]:
+    if isinstance(sizes, Mapping):
+        pairs = tuple(sizes.items())
+    elif isinstance(sizes, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in sizes):
+        pairs = tuple(tuple(p) for p in sizes)
+    else:
+        raise TypeError(requires(api, "a mapping {name: size} (or (name, size) pairs)", "sizes", sizes))
+    if not pairs:
+        raise MeshError(requires(api, "at least one new axis", "sizes", sizes))
+    names = _name_tuple(api, tuple(n for n, _ in pairs), "sizes")
+    _check_unique(api, names, "sizes")
+    values = tuple(check_int(api, "size", s) for _, s in pairs)
+    for n, s in zip(names, values):
+        if s < 1:
+            raise MeshError(requires(api, "positive sizes", f"sizes[{n!r}]", s))
+    return tuple(zip(names, values))
+
+
+def make_mesh(axis_sizes: Sequence[int], axis_names: str | Sequence[str], *, devices: object = None) -> Mesh:
+    """A mesh of the given sizes and names over ``devices`` (default: the symbolic ``0..N-1``).
+
+    Args:
+        axis_sizes: positive ints, outermost first.
+        axis_names: distinct names, one per size.
+        devices: global ranks, flat, one per device: any iterable, numpy array or tensor of
+            distinct non-negative ints. Stored once and shared by every derived mesh.
+
+    Examples:
+        >>> make_mesh((2, 2, 2), ("dp", "cp", "tp")).shape
+        {'dp': 2, 'cp': 2, 'tp': 2}
+        >>> make_mesh((2, 4), ("dp", "tp"), devices=range(8, 16))["dp"].groups().tolist()
+        [[8, 12], [9, 13], [10, 14], [11, 15]]
+    """
+    api = "make_mesh"
+    if isinstance(axis_sizes, (str, bytes)) or not isinstance(axis_sizes, Iterable):
+        raise TypeError(requires(api, "a tuple of int axis sizes", "axis_sizes", axis_sizes))
+    sizes = tuple(check_int(api, "axis size", s) for s in axis_sizes)
+    names = _name_tuple(api, axis_names)
+    if len(names) != len(sizes):
+        raise MeshError(requires(api, "one axis name per size", "axis_names", names) + f" for axis_sizes={sizes}")
+    _check_unique(api, names)
+    for n, s in zip(names, sizes):
+        if s < 1:
+            raise MeshError(requires(api, "positive axis sizes", f"axis_sizes[{n!r}]", s))
+    n_dev = math.prod(sizes)
+    if devices is None:
+        device_list = DeviceList.iota(n_dev)
+    else:
+        device_list = DeviceList.from_values(api, devices)
+        if len(device_list) != n_dev:
+            raise MeshError(
+                requires(api, f"one device per mesh position ({n_dev} for axis_sizes={sizes})",
+                         "len(devices)", len(device_list)))
+    return Mesh(names, _row_major_axes(sizes), device_list)
