@@ -60,18 +60,21 @@ def _canonical(modes: Iterable[tuple[int, int]]) -> Modes:
 
     Preserves the function ``i -> index`` exactly (law: ``indices`` is unchanged).
     """
-    out: list[list[int]] = []  # built innermost first
+    out: list[tuple[int, int]] = []  # built innermost first
     for shape, stride in reversed(tuple(modes)):
         if shape == 1:
             continue
-        if out and out[-1][0] * out[-1][1] == stride:
-            out[-1][0] *= shape
-        else:
-            out.append([shape, stride])
-    return tuple((s, d) for s, d in reversed(out))
+        if out:
+            inner_shape, inner_stride = out[-1]
+            if inner_shape * inner_stride == stride:
+                out[-1] = (inner_shape * shape, inner_stride)
+                continue
+        out.append((shape, stride))
+    out.reverse()
+    return tuple(out)
 
 
-@attrs.frozen(init=False, repr=False)
+@attrs.frozen(init=False, repr=False, eq=False)
 class Layout:
     """A flat layout ``shape:stride`` in canonical (coalesced) form.
 
@@ -87,8 +90,8 @@ class Layout:
         2
     """
 
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
+    modes: Modes  # the ``(shape, stride)`` pairs, outermost first
+    _hash: int
 
     def __init__(self, shape: int | Sequence[int] = (), stride: int | Sequence[int] | None = None) -> None:
         shape_t = _int_tuple("Layout", "shape", shape)
@@ -104,28 +107,44 @@ class Layout:
                 )
             if any(d < 0 for d in stride_t):
                 raise MeshError(f"`Layout` requires non-negative strides, but got stride={stride_t!r}")
-        modes = _canonical(zip(shape_t, stride_t))
-        object.__setattr__(self, "shape", tuple(s for s, _ in modes))
-        object.__setattr__(self, "stride", tuple(d for _, d in modes))
+        self._set(_canonical(zip(shape_t, stride_t)))
+
+    def _set(self, modes: Modes) -> None:
+        object.__setattr__(self, "modes", modes)
+        object.__setattr__(self, "_hash", hash(modes))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The extent of each mode, outermost first."""
+        return tuple(s for s, _ in self.modes)
+
+    @property
+    def stride(self) -> tuple[int, ...]:
+        """The index step of each mode, outermost first."""
+        return tuple(d for _, d in self.modes)
 
     @classmethod
     def _from_modes(cls, modes: Iterable[tuple[int, int]]) -> Layout:
         """Internal constructor for modes already known to be valid ints."""
         self = object.__new__(cls)
-        canon = _canonical(modes)
-        object.__setattr__(self, "shape", tuple(s for s, _ in canon))
-        object.__setattr__(self, "stride", tuple(d for _, d in canon))
+        self._set(_canonical(modes))
         return self
 
-    @property
-    def modes(self) -> Modes:
-        """The ``(shape, stride)`` pairs, outermost first."""
-        return tuple(zip(self.shape, self.stride))
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Layout):
+            return NotImplemented
+        return self is other or self.modes == other.modes
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):
+        return (Layout._from_modes, (self.modes,))
 
     @property
     def size(self) -> int:
         """Number of coordinates: the product of the mode sizes."""
-        return math.prod(self.shape)
+        return math.prod(s for s, _ in self.modes)
 
     @property
     def cosize(self) -> int:
@@ -204,21 +223,20 @@ def concat(*layouts: Layout) -> Layout:
     return Layout._from_modes(m for lay in layouts for m in lay.modes)
 
 
-def _tiling_modes(layout: Layout, n: int) -> tuple[Modes, Modes]:
-    """Check that ``layout`` and its translates tile ``[0, n)`` and return the complement's modes.
+def complement_modes(modes: Iterable[tuple[int, int]], n: int, shown: object) -> Modes:
+    """Modes (outermost first) of the complement of ``modes`` within ``[0, n)``.
 
-    The complement fills every gap between the layout's modes (sorted by stride) and repeats
-    the whole block up to ``n``. It exists iff each stride is a multiple of the span below it
-    and ``n`` is a multiple of the total span. Returns (complement modes outermost first,
-    all modes of layout + complement sorted by stride, outermost first).
+    The complement fills every gap between the modes (sorted by stride) and repeats the whole
+    block up to ``n``. It exists iff each stride is a multiple of the span below it and ``n``
+    is a multiple of the total span; otherwise ``MeshError`` naming ``shown``.
     """
     gaps: list[tuple[int, int]] = []
     span = 1
-    for stride, shape in sorted((d, s) for s, d in layout.modes):
+    for shape, stride in sorted(modes, key=_by_stride):
         if stride == 0 or stride % span:
             raise MeshError(
                 f"`complement` requires a layout whose modes do not overlap and are aligned "
-                f"(each stride a multiple of the span below it), but got layout={layout}"
+                f"(each stride a multiple of the span below it), but got layout={shown}"
             )
         if stride > span:
             gaps.append((stride // span, span))
@@ -226,13 +244,16 @@ def _tiling_modes(layout: Layout, n: int) -> tuple[Modes, Modes]:
     if n < 1 or n % span:
         raise MeshError(
             f"`complement` requires a size that is a multiple of the layout's span {span}, "
-            f"but got n={n!r} for layout={layout}"
+            f"but got n={n!r} for layout={shown}"
         )
     if n > span:
         gaps.append((n // span, span))
-    comp = tuple(reversed(gaps))
-    every = tuple(sorted(layout.modes + comp, key=lambda m: -m[1]))
-    return comp, every
+    gaps.reverse()
+    return tuple(gaps)
+
+
+def _by_stride(mode: tuple[int, int]) -> int:
+    return mode[1]
 
 
 def complement(layout: Layout, n: int) -> Layout:
@@ -247,8 +268,7 @@ def complement(layout: Layout, n: int) -> Layout:
         MeshError: when ``layout`` overlaps itself, is not aligned, or does not divide ``n``.
     """
     n = check_int("complement", "n", n)
-    comp, _ = _tiling_modes(layout, n)
-    return Layout._from_modes(comp)
+    return Layout._from_modes(complement_modes(layout.modes, n, layout))
 
 
 def composition(outer: Layout, inner: Layout) -> Layout:
@@ -269,12 +289,15 @@ def composition(outer: Layout, inner: Layout) -> Layout:
         )
     modes: list[tuple[int, int]] = []
     for s, d in inner.modes:
-        modes.extend(_compose_mode(outer, s, d, inner))
+        modes.extend(compose_mode(outer, s, d, inner))
     return Layout._from_modes(modes)
 
 
-def _compose_mode(outer: Layout, shape: int, stride: int, inner: Layout) -> list[tuple[int, int]]:
-    """Modes (outermost first) of ``outer`` restricted to the arithmetic walk ``shape:stride``."""
+def compose_mode(outer: Layout, shape: int, stride: int, shown: object = None) -> list[tuple[int, int]]:
+    """Modes (outermost first) of ``outer`` restricted to the arithmetic walk ``shape:stride``.
+
+    ``shown`` names the inner layout in the error message (default: the walk itself).
+    """
     if stride == 0:
         return [(shape, 0)]
     picked: list[tuple[int, int]] = []  # innermost first
@@ -299,7 +322,8 @@ def _compose_mode(outer: Layout, shape: int, stride: int, inner: Layout) -> list
     if rest_shape != 1:
         raise MeshError(
             f"`composition` requires each mode of the inner layout to split the outer layout's "
-            f"modes evenly, but got mode {shape}:{stride} of inner={inner} against outer={outer}"
+            f"modes evenly, but got mode {shape}:{stride} of inner={shown or f'{shape}:{stride}'} "
+            f"against outer={outer}"
         )
     return picked[::-1]
 
@@ -345,16 +369,19 @@ def decompose(layout: Layout, n: int, index: int) -> tuple[int, int]:
 
     O(modes): the modes of a layout and its complement form one mixed radix of ``[0, n)``.
     """
-    comp, every = _tiling_modes(layout, n)
     index = check_int("decompose", "index", index)
     if not 0 <= index < n:
         raise MeshError(f"`decompose` requires an index in [0, {n}), but got index={index!r}")
-    digit = {(s, d): (index // d) % s for s, d in every}
-    return _row_major_value(comp, digit), _row_major_value(layout.modes, digit)
+    comp = complement_modes(layout.modes, n, layout)
+    return digits_value(comp, index), digits_value(layout.modes, index)
 
 
-def _row_major_value(modes: Modes, digit: dict[tuple[int, int], int]) -> int:
+def digits_value(modes: Modes, index: int) -> int:
+    """The row-major coordinate over ``modes`` of the digits of ``index`` in a tiling they belong to.
+
+    In a tiling of ``[0, n)`` every mode ``s:d`` owns the digit ``(index // d) % s``.
+    """
     value = 0
-    for mode in modes:
-        value = value * mode[0] + digit[mode]
+    for s, d in modes:
+        value = value * s + (index // d) % s
     return value

@@ -94,6 +94,8 @@ def _name_tuple(api: str, names: object, what: str = "axis_names") -> tuple[str,
 
 
 def _check_unique(api: str, names: tuple[str, ...], what: str = "axis_names") -> None:
+    if len(set(names)) == len(names):
+        return
     seen: set[str] = set()
     for n in names:
         if n in seen:
@@ -120,11 +122,11 @@ class Mesh:
     _axis_names: tuple[str, ...]
     _layouts: tuple[L.Layout, ...]
     _devices: DeviceList
-    _hash: int
+    _complement: L.Modes  # modes of the group offsets (outermost first): the family
+    _hash: int | None  # computed on first use
 
     def __init__(self, axis_names: Sequence[str], layouts: Sequence[L.Layout], devices: int | object) -> None:
         names = _name_tuple("Mesh", axis_names)
-        _check_unique("Mesh", names)
         layouts = tuple(layouts)
         for lay in layouts:
             if not isinstance(lay, L.Layout):
@@ -133,9 +135,13 @@ class Mesh:
             raise MeshError(requires("Mesh", "one layout per axis name", "layouts", layouts, names))
         if isinstance(devices, int) and not isinstance(devices, bool):
             devices = DeviceList.iota(devices)
-        devices = DeviceList.from_values("Mesh", devices)
+        self._init(names, layouts, DeviceList.from_values("Mesh", devices))
+
+    def _init(self, names: tuple[str, ...], layouts: tuple[L.Layout, ...], devices: DeviceList) -> None:
+        """Check the invariants (distinct names; axes that tile the devices) and set the fields."""
+        _check_unique("Mesh", names)
         try:
-            L.complement(L.concat(*layouts), len(devices))
+            comp = L.complement_modes([m for lay in layouts for m in lay.modes], len(devices), layouts)
         except MeshError as e:
             raise MeshError(
                 f"`Mesh` requires axes that do not overlap and tile the {len(devices)} devices, "
@@ -144,29 +150,33 @@ class Mesh:
         object.__setattr__(self, "_axis_names", names)
         object.__setattr__(self, "_layouts", layouts)
         object.__setattr__(self, "_devices", devices)
-        object.__setattr__(self, "_hash", hash((names, layouts, devices)))
+        object.__setattr__(self, "_complement", comp)
+        object.__setattr__(self, "_hash", None)
+
+    def _derive(self, names: tuple[str, ...], layouts: tuple[L.Layout, ...]) -> Mesh:
+        """A mesh on the same device list; its invariants are checked, the parts are known types."""
+        new = object.__new__(Mesh)
+        new._init(names, layouts, self._devices)
+        return new
 
     def __eq__(self, other: object) -> bool:
         """Structural equality after canonicalisation: names, axis layouts and device list."""
         if not isinstance(other, Mesh):
             return NotImplemented
         return self is other or (
-            self._hash == other._hash
-            and self._axis_names == other._axis_names
+            self._axis_names == other._axis_names
             and self._layouts == other._layouts
             and self._devices == other._devices
         )
 
     def __hash__(self) -> int:
-        return self._hash
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash((self._axis_names, self._layouts, self._devices)))
+        return self._hash  # type: ignore[return-value]
 
     def __reduce__(self):
         # Rebuild through the constructor: validated, and the hash recomputed in the new process.
         return (Mesh, (self._axis_names, self._layouts, self._devices))
-
-    def _derive(self, names: tuple[str, ...], layouts: tuple[L.Layout, ...]) -> Mesh:
-        """A mesh on the same device list, validated by the constructor."""
-        return Mesh(names, layouts, self._devices)
 
     @classmethod
     def from_ranks(cls, ranks: object, axis_names: str | Sequence[str]) -> Mesh:
@@ -219,7 +229,7 @@ class Mesh:
     @property
     def num_groups(self) -> int:
         """Number of submeshes (groups) this mesh stands for."""
-        return len(self._devices) // self.size
+        return math.prod(s for s, _ in self._complement)
 
     @property
     def num_devices(self) -> int:
@@ -337,9 +347,9 @@ class Mesh:
                 requires(api, f"sizes whose product equals the size of axis {axis!r} ({old.size})", "sizes",
                          dict(items)), mesh=self)
         parts = []
-        for part in _row_major_axes(new_sizes):
+        for size, step in zip(new_sizes, L.row_major_strides(new_sizes)):
             try:
-                parts.append(L.composition(old, part))
+                parts.append(L.Layout._from_modes(L.compose_mode(old, size, step)))
             except MeshError:
                 raise MeshError(
                     requires(api, f"sizes that split axis {axis!r} along its modes {old} (outermost first)",
@@ -380,34 +390,34 @@ class Mesh:
 
         Groups come in torch's order (increasing first index into the device list).
         """
-        idx = L.groups(self.layout, len(self._devices))
+        offsets = L.indices(L.Layout._from_modes(self._complement))
+        idx = np.add.outer(offsets, L.indices(self.layout))
         return self._devices.take(idx).reshape((-1, *self.axis_sizes))
 
-    def _locate(self, api: str, rank: int) -> tuple[int, int] | None:
-        """``(group number, flat coordinate)`` of global ``rank``, or ``None`` when absent."""
+    def _index(self, api: str, rank: int) -> int | None:
+        """Position of global ``rank`` in the device list, or ``None`` when absent."""
         rank = check_int(api, "rank", rank)
         if rank < 0:
             raise MeshError(requires(api, "a non-negative global rank", "rank", rank), mesh=self)
-        index = self._devices.index_of(rank)
-        if index is None:
-            return None
-        return L.decompose(self.layout, len(self._devices), index)
+        return self._devices.index_of(rank)
 
     def coordinate(self, rank: int) -> tuple[int, ...] | None:
-        """``rank``'s coordinate in its submesh (mesh order), or ``None`` if it is not a device."""
-        where = self._locate("Mesh.coordinate", rank)
-        if where is None:
+        """``rank``'s coordinate in its submesh (mesh order), or ``None`` if it is not a device.
+
+        O(ndim) for a symbolic device list: each axis reads its own digits of the rank's index.
+        """
+        index = self._index("Mesh.coordinate", rank)
+        if index is None:
             return None
-        return tuple(int(c) for c in np.unravel_index(where[1], self.axis_sizes)) if self.ndim else ()
+        return tuple(L.digits_value(lay.modes, index) for lay in self._layouts)
 
     def group_of(self, rank: int) -> np.ndarray | None:
         """The submesh holding ``rank`` (shape ``axis_sizes``), or ``None`` if it is not a device."""
-        where = self._locate("Mesh.group_of", rank)
-        if where is None:
+        index = self._index("Mesh.group_of", rank)
+        if index is None:
             return None
-        lay = self.layout
-        offset = L.complement(lay, len(self._devices))(where[0])
-        return self._devices.take(offset + L.indices(lay)).reshape(self.axis_sizes)
+        offset = sum(((index // d) % s) * d for s, d in self._complement)
+        return self._devices.take(offset + L.indices(self.layout)).reshape(self.axis_sizes)
 
     @property
     def ranks(self) -> np.ndarray:
@@ -429,11 +439,11 @@ class Mesh:
 
 def _row_major_axes(sizes: Sequence[int]) -> tuple[L.Layout, ...]:
     """One layout per axis of a compact row-major grid over ``sizes``."""
-    return tuple(L.Layout((s,), (d,)) for s, d in zip(sizes, L.row_major_strides(sizes)))
+    return tuple(L.Layout._from_modes(((s, d),)) for s, d in zip(sizes, L.row_major_strides(sizes)))
 
 
 def _size_items(api: str, sizes: object) -> tuple[tuple[str, int], ...]:
-    if isinstance(sizes, Mapping):
+    if isinstance(sizes, (dict, Mapping)):
         pairs = tuple(sizes.items())
     elif isinstance(sizes, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in sizes):
         pairs = tuple(tuple(p) for p in sizes)
@@ -442,7 +452,6 @@ def _size_items(api: str, sizes: object) -> tuple[tuple[str, int], ...]:
     if not pairs:
         raise MeshError(requires(api, "at least one new axis", "sizes", sizes))
     names = _name_tuple(api, tuple(n for n, _ in pairs), "sizes")
-    _check_unique(api, names, "sizes")
     values = tuple(check_int(api, "size", s) for _, s in pairs)
     for n, s in zip(names, values):
         if s < 1:

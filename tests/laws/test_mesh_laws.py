@@ -1,0 +1,110 @@
+"""Laws of the Mesh value: groups partition the devices, transformations invert, orders agree."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+import functional_mesh as fm
+from tests.strategies import derived_meshes, meshes
+
+
+@given(derived_meshes())
+def test_groups_partition_the_devices(mesh):
+    table = mesh.groups()
+    assert table.shape == (mesh.num_groups, *mesh.axis_sizes)
+    assert sorted(table.reshape(-1).tolist()) == sorted(mesh.devices.tolist())
+
+
+@given(derived_meshes())
+def test_coordinate_and_group_of_agree_with_groups(mesh):
+    table = mesh.groups()
+    rows = {tuple(g.reshape(-1).tolist()) for g in table}
+    for rank in mesh.devices.tolist():
+        group = mesh.group_of(rank)
+        coord = mesh.coordinate(rank)
+        assert tuple(group.reshape(-1).tolist()) in rows
+        assert group[coord] == rank if coord else group.item() == rank
+    outside = int(mesh.devices.max()) + 1
+    assert mesh.coordinate(outside) is None and mesh.group_of(outside) is None
+
+
+@given(meshes(), st.data())
+def test_flatten_then_unflatten_is_identity(mesh, data):
+    if mesh.ndim == 0:
+        return
+    i = data.draw(st.integers(0, mesh.ndim - 1))
+    j = data.draw(st.integers(i + 1, mesh.ndim))
+    names = mesh.axis_names[i:j]
+    flat = mesh.flatten(names, name="merged")
+    assert flat.axis_size("merged") == int(np.prod([mesh.axis_size(n) for n in names]))
+    assert flat.unflatten("merged", {n: mesh.axis_size(n) for n in names}) == mesh
+
+
+@given(derived_meshes(), st.data())
+def test_unflatten_then_flatten_is_identity(mesh, data):
+    if mesh.ndim == 0:
+        return
+    axis = data.draw(st.sampled_from(mesh.axis_names))
+    modes = mesh.axis_layout(axis).shape or (1,)
+    new = {f"p{k}": s for k, s in enumerate(modes)}
+    if set(new) & set(mesh.axis_names):
+        return
+    assert mesh.unflatten(axis, new).flatten(tuple(new), name=axis) == mesh
+
+
+@given(derived_meshes(), st.data())
+def test_transpose_then_inverse_is_identity(mesh, data):
+    perm = data.draw(st.permutations(mesh.axis_names))
+    there = mesh.transpose(*perm)
+    assert there.transpose(*mesh.axis_names) == mesh
+    # and the groups are the numpy transpose of the original ones
+    axes = [0] + [1 + mesh.axis_names.index(n) for n in perm]
+    assert np.array_equal(there.groups(), mesh.groups().transpose(axes))
+
+
+@given(derived_meshes(), st.data())
+def test_select_order_is_transpose_of_ascending_selection(mesh, data):
+    if mesh.ndim == 0:
+        return
+    k = data.draw(st.integers(1, mesh.ndim))
+    chosen = tuple(data.draw(st.permutations(mesh.axis_names))[:k])
+    ascending = tuple(n for n in mesh.axis_names if n in chosen)
+    assert mesh[chosen] == mesh[ascending].transpose(*chosen)
+
+
+@given(derived_meshes(), st.data())
+def test_flatten_groups_are_the_reshaped_selection(mesh, data):
+    if mesh.ndim == 0:
+        return
+    k = data.draw(st.integers(1, mesh.ndim))
+    chosen = tuple(data.draw(st.permutations(mesh.axis_names))[:k])
+    sel = mesh[chosen]
+    assert np.array_equal(sel.flatten(name="f").groups(), sel.groups().reshape(sel.num_groups, -1))
+
+
+@given(derived_meshes())
+def test_rename_round_trip_and_value_semantics(mesh):
+    forward = {n: f"{n}_renamed" for n in mesh.axis_names}
+    back = {v: k for k, v in forward.items()}
+    assert mesh.rename(forward).rename(back) == mesh
+    clone = pickle.loads(pickle.dumps(mesh))
+    assert clone == mesh and hash(clone) == hash(mesh) and repr(clone) == repr(mesh)
+
+
+@given(derived_meshes(), derived_meshes())
+def test_equal_meshes_hash_equal(a, b):
+    if a == b:
+        assert hash(a) == hash(b)
+    else:  # unequal values differ in something a user can observe
+        assert (a.axis_names, a.axis_sizes, a.groups().tolist(), a.devices.tolist()) != (
+            b.axis_names, b.axis_sizes, b.groups().tolist(), b.devices.tolist())
+
+
+def test_explicit_iota_equals_symbolic_and_shares_no_array():
+    a = fm.make_mesh((4, 2), ("x", "y"))
+    b = fm.make_mesh((4, 2), ("x", "y"), devices=list(range(8)))
+    assert a == b and hash(a) == hash(b) and b.device_list.is_symbolic

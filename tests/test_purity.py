@@ -1,0 +1,38 @@
+"""Architecture rules of DESIGN.md §7: pure modules stay pure, one module creates groups."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "functional_mesh"
+GROUP_CREATION = re.compile(r"\b(new_group|split_group|init_process_group|new_subgroups)\b")
+
+
+def test_only_realize_creates_process_groups():
+    offenders = sorted(
+        p.name for p in PACKAGE.glob("*.py") if p.name != "realize.py" and GROUP_CREATION.search(p.read_text())
+    )
+    assert offenders == []
+
+
+@pytest.mark.parametrize("module", ["functional_mesh", "functional_mesh.layout", "functional_mesh.mesh"])
+def test_pure_modules_import_without_torch(module):
+    code = f"import sys, {module}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_pure_planning_needs_no_torch():
+    code = (
+        "import sys, functional_mesh as fm\n"
+        "m = fm.make_mesh((2, 2, 2), ('dp', 'cp', 'tp'))\n"
+        "m.flatten(('dp', 'cp')).unflatten('dp_cp', {'x': 4})['x', 'tp'].groups()\n"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
