@@ -14,6 +14,7 @@ def test_plan_meshes_runs_without_torch_distributed():
         [sys.executable, "-X", "importtime", str(EXAMPLES / "plan_meshes.py")],
         capture_output=True, text=True, timeout=60, check=True,
     )
-    # the tutorial's hand-written groups are asserted inside the script; the plan's totals here
+    # The tutorial's groups are asserted inside the script. 100 distinct groups for this
+    # sequence is what torch's DeviceMesh creates (notes/torch_anchor.md §2d, legacy row).
     assert "9 axis families, 108 group rows, 100 distinct rank groups" in out.stdout
     assert " torch" not in out.stderr  # -X importtime lists every imported module on stderr
