@@ -19,7 +19,7 @@ __all__ = ["DeviceList"]
 class DeviceList:
     """An immutable list of distinct non-negative global ranks.
 
-    A list that is an arithmetic progression (``range(start, stop, step)``, step >= 1) is stored
+    A list that is an arithmetic progression (``range(start, stop, step)``, any step) is stored
     as three ints and never materialised; any other list is stored once as a read-only int64
     array. An explicit list equal to a range *is* that range (equal value, equal hash).
     """
@@ -44,16 +44,17 @@ class DeviceList:
         return self
 
     @classmethod
-    def iota(cls, n: int) -> DeviceList:
+    def iota(cls, n: int, api: str = "devices") -> DeviceList:
         """The symbolic ranks ``0..n-1``."""
+        if n < 0:
+            raise MeshError(requires(api, "a non-negative number of devices", "n", n))
         return cls._make(n, 0, 1, None)
 
     @classmethod
-    def from_range(cls, r: range) -> DeviceList:
-        if len(r) and (r.start < 0 or r.step < 1):
-            raise MeshError(
-                requires("devices", "distinct non-negative ranks in increasing order for a range", "devices", r)
-            )
+    def from_range(cls, r: range, api: str = "devices") -> DeviceList:
+        """Any range of non-negative ranks (increasing or decreasing), kept symbolic."""
+        if len(r) and min(r[0], r[-1]) < 0:
+            raise MeshError(requires(api, "non-negative global ranks", "devices", r))
         return cls._make(len(r), r.start, r.step, None)
 
     @classmethod
@@ -62,7 +63,7 @@ class DeviceList:
         if isinstance(values, DeviceList):
             return values
         if isinstance(values, range):
-            return cls.from_range(values)
+            return cls.from_range(values, api)
         array = int_array(api, values).reshape(-1)
         n = array.size
         if n and array.min() < 0:
@@ -70,14 +71,14 @@ class DeviceList:
             raise MeshError(requires(api, "non-negative global ranks", "device", bad), mesh=None)
         if n > 1:
             steps = np.diff(array)
-            if steps[0] >= 1 and bool((steps == steps[0]).all()):
+            if steps[0] != 0 and bool((steps == steps[0]).all()):
                 return cls._make(n, int(array[0]), int(steps[0]), None)
             uniq, counts = np.unique(array, return_counts=True)
             if uniq.size != n:
                 dup = int(uniq[counts > 1][0])
                 raise MeshError(requires(api, "distinct devices", "duplicate device", dup))
-        elif n == 1:
-            return cls._make(1, int(array[0]), 1, None)
+        else:  # 0 or 1 devices: always a range
+            return cls._make(n, int(array[0]) if n else 0, 1, None)
         array = np.array(array, dtype=np.int64)  # own copy
         array.setflags(write=False)
         return cls._make(n, 0, 1, array)
@@ -119,7 +120,7 @@ class DeviceList:
     def index_of(self, rank: int) -> int | None:
         """Position of global ``rank`` in the list, or ``None`` when it is not in the list."""
         if self._array is None:
-            q, r = divmod(rank - self._start, self._step)
+            q, r = divmod(rank - self._start, self._step)  # also right for a negative step
             return q if r == 0 and 0 <= q < self._n else None
         if self._inverse is None:
             order = np.argsort(self._array, kind="stable")

@@ -54,7 +54,10 @@ class MeshShape(Mapping[str, int]):
                 requires("mesh.shape[...]", "an axis name (mesh.shape is a mapping, as in JAX)", "key", key,
                          tuple(self._items)) + f"; for sizes by position use mesh.axis_sizes[{key}]"
             )
-        return self._items[key]
+        try:
+            return self._items[key]
+        except KeyError:
+            raise unknown_axis("mesh.shape[...]", key, tuple(self._items)) from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)
@@ -82,6 +85,8 @@ class _Size(int):
 def _name_tuple(api: str, names: object, what: str = "axis_names") -> tuple[str, ...]:
     """Normalise a name or a tuple/list of names; non-str names are a ``TypeError``."""
     if isinstance(names, str):
+        if not names:
+            raise MeshError(requires(api, "non-empty axis names", what, names))
         return (names,)
     if not isinstance(names, (tuple, list)):
         raise TypeError(requires(api, f"a str or a tuple of str for {what}", what, names))
@@ -134,7 +139,7 @@ class Mesh:
         if len(layouts) != len(names):
             raise MeshError(requires("Mesh", "one layout per axis name", "layouts", layouts, names))
         if isinstance(devices, int) and not isinstance(devices, bool):
-            devices = DeviceList.iota(devices)
+            devices = DeviceList.iota(devices, "Mesh")
         self._init(names, layouts, DeviceList.from_values("Mesh", devices))
 
     def _init(self, names: tuple[str, ...], layouts: tuple[L.Layout, ...], devices: DeviceList) -> None:
@@ -280,10 +285,10 @@ class Mesh:
     def __getitem__(self, names: str | Sequence[str]) -> Mesh:
         """Select axes, in the given order: ``mesh["tp"]``, ``mesh["tp", "dp"]``."""
         if isinstance(names, int) and not isinstance(names, bool):
-            raise TypeError(
-                requires("Mesh[...]", "axis names, not positions", "key", names, self._axis_names)
-                + f"; write mesh[{self._axis_names[names]!r}]" * (0 <= names < self.ndim)
-            )
+            msg = requires("Mesh[...]", "axis names, not positions", "key", names, self._axis_names)
+            if -self.ndim <= names < self.ndim:
+                msg += f"; write mesh[{self._axis_names[names]!r}]"
+            raise TypeError(msg)
         pos = self._positions("Mesh[...]", names)
         return self._derive(tuple(self._axis_names[i] for i in pos), tuple(self._layouts[i] for i in pos))
 
@@ -309,6 +314,11 @@ class Mesh:
         name = _name_tuple("Mesh.flatten", name, "name")
         if len(name) != 1:
             raise TypeError(requires("Mesh.flatten", "one str for name", "name", name))
+        remaining = tuple(n for i, n in enumerate(self._axis_names) if i not in pos)
+        if name[0] in remaining:
+            raise MeshError(
+                requires("Mesh.flatten", "a merged name distinct from the remaining axes", "name", name[0])
+                + f"; remaining axes: {remaining}", mesh=self)
         merged = L.concat(*(self._layouts[i] for i in pos))
         names: list[str] = []
         layouts: list[L.Layout] = []
@@ -319,10 +329,6 @@ class Mesh:
             elif i not in pos:
                 names.append(n)
                 layouts.append(lay)
-        if name[0] in names[:names.index(name[0])] + names[names.index(name[0]) + 1:]:
-            raise MeshError(
-                requires("Mesh.flatten", "a merged name distinct from the remaining axes", "name", name[0],
-                         tuple(n for n in names if n != name[0])), mesh=self)
         return self._derive(tuple(names), tuple(layouts))
 
     def unflatten(self, axis: str, sizes: Mapping[str, int] | Sequence[tuple[str, int]]) -> Mesh:
@@ -365,6 +371,8 @@ class Mesh:
         """Reorder the axes: ``transpose("tp", "dp", "cp")`` (a permutation of all names)."""
         names = axes[0] if len(axes) == 1 and not isinstance(axes[0], str) else axes
         names = _name_tuple("Mesh.transpose", tuple(names) if isinstance(names, list) else names, "axes")
+        for n in names:
+            self.axis_index_of(n, "Mesh.transpose")
         if sorted(names) != sorted(self._axis_names) or len(set(names)) != len(names):
             raise MeshError(
                 requires("Mesh.transpose", "a permutation of all axis names", "axes", names, self._axis_names),
