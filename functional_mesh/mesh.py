@@ -142,26 +142,36 @@ class Mesh:
             devices = DeviceList.iota(devices, "Mesh")
         self._init(names, layouts, DeviceList.from_values("Mesh", devices))
 
-    def _init(self, names: tuple[str, ...], layouts: tuple[L.Layout, ...], devices: DeviceList) -> None:
-        """Check the invariants (distinct names; axes that tile the devices) and set the fields."""
-        _check_unique("Mesh", names)
-        try:
-            comp = L.complement_modes([m for lay in layouts for m in lay.modes], len(devices), layouts)
-        except MeshError as e:
-            raise MeshError(
-                f"`Mesh` requires axes that do not overlap and tile the {len(devices)} devices, "
-                f"but got layouts {tuple(str(x) for x in layouts)} for axes {names}: {e}"
-            ) from None
+    def _init(self, names: tuple[str, ...], layouts: tuple[L.Layout, ...], devices: DeviceList,
+              comp: L.Modes | None = None, api: str = "Mesh") -> None:
+        """Check the invariants (distinct names; axes that tile the devices) and set the fields.
+
+        ``comp`` is the complement when the caller's transformation provably keeps the set of
+        covered indices (flatten, unflatten, transpose, rename; the laws test this).
+        """
+        _check_unique(api, names, "resulting axis names" if api != "Mesh" else "axis_names")
+        if comp is None:
+            try:
+                comp = L.complement_modes([m for lay in layouts for m in lay.modes], len(devices), layouts)
+            except MeshError as e:
+                raise MeshError(
+                    f"`{api}` requires axes that do not overlap and tile the {len(devices)} devices, "
+                    f"but got layouts {tuple(str(x) for x in layouts)} for axes {names}: {e}"
+                ) from None
         object.__setattr__(self, "_axis_names", names)
         object.__setattr__(self, "_layouts", layouts)
         object.__setattr__(self, "_devices", devices)
         object.__setattr__(self, "_complement", comp)
         object.__setattr__(self, "_hash", None)
 
-    def _derive(self, names: tuple[str, ...], layouts: tuple[L.Layout, ...]) -> Mesh:
-        """A mesh on the same device list; its invariants are checked, the parts are known types."""
+    def _derive(self, api: str, names: tuple[str, ...], layouts: tuple[L.Layout, ...], same_cover: bool) -> Mesh:
+        """A mesh on the same device list; its invariants are checked, the parts are known types.
+
+        ``same_cover``: the new axes cover the same indices as this mesh's, so the complement
+        (the family of groups) is unchanged and reused.
+        """
         new = object.__new__(Mesh)
-        new._init(names, layouts, self._devices)
+        new._init(names, layouts, self._devices, self._complement if same_cover else None, api)
         return new
 
     def __eq__(self, other: object) -> bool:
@@ -290,7 +300,8 @@ class Mesh:
                 msg += f"; write mesh[{self._axis_names[names]!r}]"
             raise TypeError(msg)
         pos = self._positions("Mesh[...]", names)
-        return self._derive(tuple(self._axis_names[i] for i in pos), tuple(self._layouts[i] for i in pos))
+        return self._derive("Mesh[...]", tuple(self._axis_names[i] for i in pos),
+                            tuple(self._layouts[i] for i in pos), len(pos) == self.ndim)
 
     def flatten(self, axes: str | Sequence[str] | None = None, name: str | None = None) -> Mesh:
         """Merge ``axes`` (default: all) into one axis, row-major in the listed order.
@@ -329,7 +340,7 @@ class Mesh:
             elif i not in pos:
                 names.append(n)
                 layouts.append(lay)
-        return self._derive(tuple(names), tuple(layouts))
+        return self._derive("Mesh.flatten", tuple(names), tuple(layouts), True)
 
     def unflatten(self, axis: str, sizes: Mapping[str, int] | Sequence[tuple[str, int]]) -> Mesh:
         """Split ``axis`` into new axes, row-major, in its place: ``unflatten("w", {"dp": 2, "tp": 4})``.
@@ -364,8 +375,7 @@ class Mesh:
                              f"or ({old.size},)"),
                     mesh=self) from None
         names = self._axis_names[:i] + new_names + self._axis_names[i + 1:]
-        _check_unique(api, names, "resulting axis names")
-        return self._derive(names, self._layouts[:i] + tuple(parts) + self._layouts[i + 1:])
+        return self._derive(api, names, self._layouts[:i] + tuple(parts) + self._layouts[i + 1:], True)
 
     def transpose(self, *axes: str | Sequence[str]) -> Mesh:
         """Reorder the axes: ``transpose("tp", "dp", "cp")`` (a permutation of all names)."""
@@ -378,7 +388,7 @@ class Mesh:
                 requires("Mesh.transpose", "a permutation of all axis names", "axes", names, self._axis_names),
                 mesh=self)
         pos = tuple(self._axis_names.index(n) for n in names)
-        return self._derive(names, tuple(self._layouts[i] for i in pos))
+        return self._derive("Mesh.transpose", names, tuple(self._layouts[i] for i in pos), True)
 
     def rename(self, mapping: Mapping[str, str]) -> Mesh:
         """Rename axes simultaneously: ``rename({"dp": "data"})``; ``{"a": "b", "b": "a"}`` swaps."""
@@ -388,8 +398,7 @@ class Mesh:
             self.axis_index_of(old, "Mesh.rename")
             _name_tuple("Mesh.rename", (new,), "new name")
         names = tuple(mapping.get(n, n) for n in self._axis_names)
-        _check_unique("Mesh.rename", names, "resulting axis names")
-        return self._derive(names, self._layouts)
+        return self._derive("Mesh.rename", names, self._layouts, True)
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -451,7 +460,11 @@ def _row_major_axes(sizes: Sequence[int]) -> tuple[L.Layout, ...]:
 
 
 def _size_items(api: str, sizes: object) -> tuple[tuple[str, int], ...]:
-    if isinstance(sizes, (dict, Mapping)):
+    if type(sizes) is dict and sizes:  # the common case, checked without per-item calls
+        items = tuple(sizes.items())
+        if all(type(n) is str and n and type(s) is int and s >= 1 for n, s in items):
+            return items
+    if isinstance(sizes, Mapping):
         pairs = tuple(sizes.items())
     elif isinstance(sizes, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in sizes):
         pairs = tuple(tuple(p) for p in sizes)

@@ -108,3 +108,15 @@ def test_explicit_iota_equals_symbolic_and_shares_no_array():
     a = fm.make_mesh((4, 2), ("x", "y"))
     b = fm.make_mesh((4, 2), ("x", "y"), devices=list(range(8)))
     assert a == b and hash(a) == hash(b) and b.device_list.is_symbolic
+
+
+@given(derived_meshes())
+def test_derived_mesh_equals_its_fresh_construction(mesh):
+    # Transformations other than select reuse the parent's complement (the covered indices do
+    # not change); rebuilding from the parts recomputes it, and every query must agree.
+    fresh = fm.Mesh(mesh.axis_names, [mesh.axis_layout(n) for n in mesh.axis_names], mesh.device_list)
+    assert fresh == mesh and fresh.num_groups == mesh.num_groups
+    assert np.array_equal(fresh.groups(), mesh.groups())
+    for rank in mesh.devices.tolist()[:: max(1, mesh.num_devices // 7)]:
+        assert fresh.coordinate(rank) == mesh.coordinate(rank)
+        assert np.array_equal(fresh.group_of(rank), mesh.group_of(rank))
