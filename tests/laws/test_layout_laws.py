@@ -24,12 +24,8 @@ from functional_mesh.layout import (
     indices,
     is_injective,
 )
+from tests.reference import ref_indices as brute
 from tests.strategies import any_layouts, factorizations, tiling_layouts
-
-
-def brute(shape, stride) -> list[int]:
-    """Row-major enumeration of raw (uncoalesced) modes: the definition of a layout's function."""
-    return [sum(c * d for c, d in zip(coord, stride)) for coord in itertools.product(*(range(s) for s in shape))]
 
 
 @st.composite

@@ -29,13 +29,9 @@ from functional_mesh.layout import (
     row_major_strides,
     size,
 )
+from tests.reference import ref_indices
 
 # -- independent references ---------------------------------------------------------------------
-
-
-def ref_indices(shape, stride) -> list[int]:
-    """Row-major enumeration of ``shape:stride``: the last mode varies fastest."""
-    return [sum(c * d for c, d in zip(coord, stride)) for coord in itertools.product(*(range(s) for s in shape))]
 
 
 def ref_offsets(block: list[int], n: int) -> list[int] | None:
