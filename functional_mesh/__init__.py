@@ -17,7 +17,15 @@ from .mesh import Mesh, MeshShape, make_mesh
 __version__ = "0.1.0"
 
 # name -> submodule that defines it; loaded on first attribute access.
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "realize": "realize",
+    "RealizedMesh": "realize",
+    "CacheInfo": "realize",
+    "cache_info": "realize",
+    "clear_cache": "realize",
+    "current_mesh": "realize",
+    "from_device_mesh": "interop",
+}
 
 __all__ = ["Layout", "Mesh", "MeshError", "MeshShape", "UnknownAxisError", "make_mesh", *_LAZY]
 

@@ -104,6 +104,16 @@ class DeviceList:
             return self._start + self._step * np.asarray(idx, dtype=np.int64)
         return self._array[idx]
 
+    def digest(self) -> str:
+        """A digest of the ranks that is the same in every process (unlike ``hash``)."""
+        import hashlib
+
+        if self._array is None:
+            text = f"range:{self._n}:{self._start}:{self._step}".encode()
+        else:
+            text = b"array:" + self._array.tobytes()
+        return hashlib.sha1(text, usedforsecurity=False).hexdigest()[:16]
+
     def __getitem__(self, i: int) -> int:
         if self._array is None:
             return self._start + self._step * i

@@ -1,0 +1,84 @@
+"""Bridges to torch: a ``DeviceMesh`` over realized groups, and the ``Mesh`` of a ``DeviceMesh``.
+
+Nothing here creates a process group: ``DeviceMesh.from_group`` wraps the groups ``realize``
+made, after checking that every group's members are exactly the mesh row it stands for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from .errors import MeshError, requires
+from .layout import Layout
+from .mesh import Mesh
+
+if TYPE_CHECKING:
+    from .realize import RealizedMesh
+
+__all__ = ["device_mesh_of", "from_device_mesh"]
+
+
+def device_mesh_of(rm: RealizedMesh) -> DeviceMesh:
+    """The torch ``DeviceMesh`` of a realized mesh on a member rank.
+
+    A selection whose axes keep its root's order is the torch slice of the root's
+    ``DeviceMesh`` (one torch root, which FSDP2 + TP need); any other mesh gets its own root
+    from ``DeviceMesh.from_group``.
+    """
+    mesh = rm.mesh
+    if mesh.ndim == 0:
+        raise MeshError(f"`RealizedMesh.device_mesh` requires a mesh with at least one axis, but got {mesh!r}",
+                        mesh=mesh)
+    root = rm._root
+    if root is not None and _in_order(mesh.axis_names, root.mesh.axis_names):
+        root_dm = root.device_mesh
+        return root_dm[mesh.axis_names if mesh.ndim > 1 else mesh.axis_names[0]]
+    submesh = mesh.group_of(rm.rank)
+    groups = []
+    for i, name in enumerate(mesh.axis_names):
+        pg = rm.group(name)
+        index = tuple(slice(None) if j == i else c for j, c in enumerate(rm.coordinate))
+        row = submesh[index].reshape(-1).tolist()
+        members = dist.get_process_group_ranks(pg)
+        if members != row:
+            raise MeshError(
+                f"`RealizedMesh.device_mesh` requires each axis group to hold its mesh row in mesh order, "
+                f"but axis {name!r} has group ranks {members} for row {row}", mesh=mesh)
+        groups.append(pg)
+    return DeviceMesh.from_group(groups, rm.device_type, mesh=torch.from_numpy(np.ascontiguousarray(submesh)),
+                                 mesh_dim_names=mesh.axis_names)
+
+
+def _in_order(names: tuple[str, ...], root_names: tuple[str, ...]) -> bool:
+    """True when ``names`` is a subsequence of ``root_names`` in the same order."""
+    it = iter(root_names)
+    return all(n in it for n in names)
+
+
+def from_device_mesh(dm: Any) -> Mesh:
+    """The pure ``Mesh`` of an existing torch ``DeviceMesh`` (all its groups, not just this rank's).
+
+    Examples:
+        >>> import torch.distributed as dist
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=0, world_size=8, store=FakeStore())
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> dm = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
+        >>> from_device_mesh(dm["tp"]).groups().tolist()
+        [[0, 1, 2, 3], [4, 5, 6, 7]]
+        >>> dist.destroy_process_group()
+    """
+    if not isinstance(dm, DeviceMesh):
+        raise TypeError(requires("from_device_mesh", "a torch DeviceMesh", "dm", dm))
+    layout = getattr(dm, "_layout", None)
+    rank_map = getattr(dm, "_rank_map", None)
+    if layout is None or rank_map is None:  # pragma: no cover - torch < 2.10
+        raise MeshError("`from_device_mesh` requires a torch DeviceMesh with CuTe layouts (torch >= 2.10)")
+    names = dm.mesh_dim_names or tuple(f"dim{i}" for i in range(dm.ndim))
+    layouts = tuple(Layout(axis.shape, axis.stride) for axis in layout)
+    return Mesh(names, layouts, rank_map.reshape(-1).tolist())
