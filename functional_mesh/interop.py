@@ -63,7 +63,6 @@ def _in_order(names: tuple[str, ...], root_names: tuple[str, ...]) -> bool:
 def from_device_mesh(dm: Any) -> Mesh:
     """The pure ``Mesh`` of an existing torch ``DeviceMesh`` (all its groups, not just this rank's).
 
-
     Its groups, their order and every coordinate equal ``dm``'s (tests/fake/ checks this).
     """
     if not isinstance(dm, DeviceMesh):

@@ -1,0 +1,255 @@
+"""realize() under torch's single-process fake backend: any rank of a large world, in one process.
+
+Fake collectives carry no data, so values are tested on gloo (tests/dist/); here we test what
+realize decides: which groups exist, their members in mesh order, what the cache shares, what
+is created, and the torch DeviceMesh it hands out. Expected groups come from the pure Mesh
+(itself checked against torch's DeviceMesh by tests/oracle/).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch.distributed as dist
+import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+import functional_mesh as fm
+
+TITAN = {"pp": 2, "dp_replicate": 2, "dp_shard": 2, "cp": 2, "tp": 2}
+
+
+@pytest.fixture
+def world(monkeypatch):
+    """Start a fake world as ``rank``; count every new_group / split_group call realize makes."""
+    calls: Counter = Counter()
+    real_new, real_split = dist.new_group, dist.split_group
+
+    def new_group(ranks=None, *args, **kwargs):
+        calls["new_group"] += 1
+        calls["local" if kwargs.get("use_local_synchronization") else "world"] += 1
+        return real_new(ranks, *args, **kwargs)
+
+    def split_group(*args, **kwargs):
+        calls["split_group"] += 1
+        return real_split(*args, **kwargs)
+
+    monkeypatch.setattr(dist, "new_group", new_group)
+    monkeypatch.setattr(dist, "split_group", split_group)
+
+    def start(rank: int, size: int) -> Counter:
+        if dist.is_initialized():
+            fm.clear_cache()
+            dist.destroy_process_group()
+        dist.init_process_group("fake", rank=rank, world_size=size, store=FakeStore())
+        calls.clear()
+        return calls
+
+    yield start
+    if dist.is_initialized():
+        fm.clear_cache()
+        dist.destroy_process_group()
+
+
+def rows(mesh: fm.Mesh, axis: str) -> set[tuple[int, ...]]:
+    fam = mesh[axis]
+    return {tuple(r) for r in fam.groups().reshape(fam.num_groups, -1).tolist()}
+
+
+@pytest.mark.parametrize("rank", [0, 13, 31])
+def test_every_axis_group_is_the_pure_row_in_mesh_order(world, rank):
+    world(rank, 32)
+    mesh = fm.make_mesh((32,), ("world",)).unflatten("world", TITAN)
+    rm = fm.realize(mesh)
+    assert rm.coordinate == mesh.coordinate(rank)
+    for i, axis in enumerate(mesh.axis_names):
+        group = rm.group(axis)
+        assert dist.get_process_group_ranks(group) == mesh[axis].group_of(rank).tolist()
+        assert dist.get_rank(group) == rm.local_rank(axis) == rm.coordinate[i]
+
+
+@pytest.mark.parametrize("rank", [0, 6])
+def test_permuted_device_list_keeps_mesh_order_in_groups(world, rank):
+    world(rank, 8)
+    mesh = fm.Mesh.from_ranks([[7, 6, 5, 4], [3, 2, 1, 0]], ("dp", "tp"))
+    rm = fm.realize(mesh)
+    for axis in ("dp", "tp"):
+        members = dist.get_process_group_ranks(rm.group(axis))
+        assert members == mesh[axis].group_of(rank).tolist()
+        assert dist.get_rank(rm.group(axis)) == rm.local_rank(axis)
+    assert tuple(rm.device_mesh.get_coordinate()) == mesh.coordinate(rank)
+
+
+def test_one_group_per_distinct_rank_set_for_the_torchtitan_sequence(world):
+    calls = world(5, 32)
+    mesh = fm.make_mesh((32,), ("world",)).unflatten("world", TITAN)
+    steps = [
+        mesh,
+        mesh.flatten(("dp_replicate", "dp_shard"), name="dp"),
+        mesh.flatten(("dp_shard", "cp"), name="dp_shard_cp"),
+        mesh.flatten(("dp_replicate", "dp_shard", "cp"), name="dp_cp"),
+        mesh.flatten(("dp_replicate", "dp_shard"), name="batch"),  # dp's layout under another name
+        mesh.flatten(("dp_replicate", "dp_shard", "cp"), name="dp_cp").unflatten("dp_cp", {"r": 2, "s": 4}),
+    ]
+    distinct: set[tuple[int, ...]] = set()
+    for m in steps:
+        fm.realize(m)
+        for axis in m.axis_names:
+            distinct |= rows(m, axis)
+    assert calls["new_group"] == calls["world"] == len(distinct)  # one call per distinct rank set
+    assert calls["split_group"] == 0
+    assert fm.cache_info().groups == len(distinct)
+
+
+def test_equal_layouts_reached_by_different_paths_share_one_group(world):
+    world(2, 8)
+    a = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+    b = fm.realize(fm.make_mesh((8,), ("w",)).unflatten("w", {"x": 2, "tp": 4}))
+    c = fm.realize(fm.Mesh.from_ranks([[0, 1, 2, 3], [4, 5, 6, 7]], ("y", "tp")))
+    d = fm.realize(fm.make_mesh((2, 2, 2), ("p", "q", "r")).flatten(("q", "r"), name="other_name"))
+    assert a.group("tp") is b.group("tp") is c.group("tp") is d.group("other_name")
+    assert a.group("dp") is b.group("x") is c.group("y") is d.group("p")
+
+
+def test_a_second_realize_creates_nothing_and_counts_hits(world):
+    calls = world(3, 8)
+    mesh = fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))
+    fm.realize(mesh)
+    made, before = fm.cache_info().groups, sum(calls.values())
+    assert fm.cache_info().misses == 3
+    again = fm.realize(fm.make_mesh((2, 2, 2), ("dp", "cp", "tp")))
+    assert sum(calls.values()) == before and fm.cache_info() == fm.CacheInfo(hits=3, misses=3, groups=made)
+    assert again.group("tp") is fm.realize(mesh).group("tp")
+
+
+def test_size1_axes_make_local_singletons_only(world):
+    calls = world(4, 8)
+    rm = fm.realize(fm.make_mesh((2, 1, 4), ("dp", "ep", "tp")))
+    assert calls["local"] == 1  # this rank's singleton, made once, without the other ranks
+    assert calls["world"] == len(rows(rm.mesh, "dp")) + len(rows(rm.mesh, "tp"))
+    assert dist.get_process_group_ranks(rm.group("ep")) == [4]
+    fm.realize(fm.make_mesh((1, 8), ("pp", "w")).flatten(("w",), name="w"))
+    assert calls["local"] == 1  # a second size-1 axis reuses the singleton
+
+
+def test_the_whole_world_ascending_reuses_the_default_group(world):
+    calls = world(1, 8)
+    rm = fm.realize(fm.make_mesh((8,), ("w",)))
+    assert rm.group("w") is dist.group.WORLD and sum(calls.values()) == 0
+    rev = fm.realize(fm.make_mesh((8,), ("w",), devices=range(7, -1, -1)))
+    assert rev.group("w") is not dist.group.WORLD  # same ranks, other order: another group
+    assert dist.get_process_group_ranks(rev.group("w")) == list(range(7, -1, -1))
+
+
+def test_ranks_outside_the_mesh_take_part_and_get_none(world):
+    calls = world(1, 8)
+    rm = fm.realize(fm.make_mesh((2, 2), ("dp", "tp"), devices=range(4, 8)))
+    assert rm.coordinate is None and rm.device_mesh is None
+    assert rm.group("dp") is None and rm.group("tp") is None
+    assert calls["world"] == 4  # it still made every (non-member) group, in the common order
+    with pytest.raises(fm.MeshError, match=r"a rank that belongs to the mesh, but got rank=1; valid: devices 4\.\.7"):
+        rm.local_rank("tp")
+
+
+def test_devices_beyond_the_world_are_refused(world):
+    world(0, 8)
+    with pytest.raises(fm.MeshError, match=r"devices that are ranks of the world \(0\.\.7\), but got largest device=9"):
+        fm.realize(fm.make_mesh((2,), ("a",), devices=[3, 9]))
+
+
+def test_products_give_tuple_groups(world):
+    world(6, 8)
+    mesh = fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))
+    rm = fm.realize(mesh, products=[("dp", "cp"), ("tp", "dp")])
+    for axes in (("dp", "cp"), ("tp", "dp")):
+        expected = mesh[axes].flatten().group_of(6).tolist()
+        assert dist.get_process_group_ranks(rm.group(axes)) == expected
+    assert rm.group(("tp",)) is rm.group("tp")
+    with pytest.raises(fm.MeshError, match=r"a product of axes that was realized, but got axis=\('cp', 'tp'\).*"
+                                           r"pass products=\[\('cp', 'tp'\)\]"):
+        rm.group(("cp", "tp"))
+    with pytest.raises(KeyError, match=r"did you mean 'tp'"):
+        fm.realize(mesh, products=[("dp", "tpp")])
+
+
+def test_device_mesh_selections_in_order_share_the_root(world):
+    world(5, 8)
+    rm = fm.realize(fm.make_mesh((2, 2, 2), ("dp_replicate", "dp_shard", "tp")))
+    root = rm.device_mesh
+    hsdp, tp = rm["dp_replicate", "dp_shard"].device_mesh, rm["tp"].device_mesh
+    assert hsdp._get_root_mesh() is root and tp._get_root_mesh() is root
+    assert tp.mesh.tolist() == rm.mesh["tp"].group_of(5).tolist()
+    assert tuple(hsdp.get_coordinate()) == rm.mesh["dp_replicate", "dp_shard"].coordinate(5)
+    transposed = rm["tp", "dp_replicate"].device_mesh  # torch cannot slice this order: its own root
+    assert transposed._get_root_mesh() is transposed
+    assert transposed.mesh.tolist() == rm.mesh["tp", "dp_replicate"].group_of(5).tolist()
+    assert rm.device_mesh is root  # built once
+
+
+def test_clear_cache_invalidates_realized_meshes(world):
+    world(0, 8)
+    rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+    pg_map = dist.distributed_c10d._world.pg_map
+    live = len(pg_map)  # c10d registers only the groups this rank belongs to: default, dp, tp
+    fm.clear_cache()
+    assert len(pg_map) == live - 2 and dist.group.WORLD in pg_map
+    assert fm.cache_info() == fm.CacheInfo(0, 0, 0)
+    for use in (lambda: rm.group("tp"), lambda: rm.device_mesh, lambda: rm["tp"]):
+        with pytest.raises(fm.MeshError, match=r"whose groups clear_cache\(\) destroyed; call realize\(mesh\) again"):
+            use()
+
+
+def test_realized_mesh_refuses_to_pickle_but_its_mesh_round_trips(world):
+    world(0, 4)
+    rm = fm.realize(fm.make_mesh((2, 2), ("dp", "tp")))
+    with pytest.raises(TypeError, match=r"cannot be pickled; pickle rm.mesh"):
+        pickle.dumps(rm)
+    assert pickle.loads(pickle.dumps(rm.mesh)) == rm.mesh
+
+
+def test_with_sets_the_current_mesh(world):
+    world(0, 4)
+    a = fm.realize(fm.make_mesh((2, 2), ("dp", "tp")))
+    b = a["tp"]
+    assert fm.current_mesh() is None
+    with a:
+        assert fm.current_mesh() is a
+        with b:
+            assert fm.current_mesh() is b
+        assert fm.current_mesh() is a
+    assert fm.current_mesh() is None
+
+
+def test_bad_arguments(world):
+    world(0, 4)
+    with pytest.raises(TypeError, match=r"`realize` requires a functional_mesh.Mesh, but got mesh=\(2, 2\)"):
+        fm.realize((2, 2))
+    with pytest.raises(fm.MeshError, match=r"timeout=None, a timedelta or positive seconds, but got timeout=-1"):
+        fm.realize(fm.make_mesh((4,), ("w",)), timeout=-1)
+    with pytest.raises(fm.MeshError, match=r"a supported device type, but got device_type='tpu'"):
+        fm.realize(fm.make_mesh((4,), ("w",)), device_type="tpu")
+
+
+def test_from_device_mesh_recovers_every_group(world):
+    world(3, 16)
+    dm = init_device_mesh("cpu", (2, 2, 4), mesh_dim_names=("dp", "cp", "tp"))
+    ours = fm.make_mesh((2, 2, 4), ("dp", "cp", "tp"))
+    assert fm.from_device_mesh(dm) == ours
+    assert fm.from_device_mesh(dm["cp", "tp"]) == ours["cp", "tp"]
+    flat = dm["dp", "tp"]._flatten("dp_tp")
+    assert np.array_equal(fm.from_device_mesh(flat).groups(), ours["dp", "tp"].flatten().groups())
+    with pytest.raises(TypeError, match=r"a torch DeviceMesh"):
+        fm.from_device_mesh(ours)
+
+
+def test_a_large_world_is_one_pass_of_distinct_groups(world):
+    calls = world(4095, 4096)
+    mesh = fm.make_mesh((64, 8, 8), ("dp", "cp", "tp"))
+    rm = fm.realize(mesh)
+    expected = sum(len(rows(mesh, a)) for a in mesh.axis_names)
+    assert calls["world"] == expected == fm.cache_info().groups
+    assert dist.get_process_group_ranks(rm.group("tp")) == list(range(4088, 4096))

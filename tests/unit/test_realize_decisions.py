@@ -1,0 +1,126 @@
+"""The decision points of realize(), unit-tested without processes.
+
+The CUDA/NCCL branches cannot run on our CPU-only CI; these tests pin what realize decides
+there (device from LOCAL_RANK, NCCL bound to it, split_group vs new_group), and the gloo and
+fake-backend branches that the multi-process suites then exercise for real.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from functional_mesh import MeshError
+from functional_mesh.realize import (
+    CHECK_TIMEOUT_ENV,
+    InitPlan,
+    _compare,
+    check_timeout_seconds,
+    creation_method,
+    plan_init,
+    resolve_backend,
+)
+
+TORCHRUN = {"RANK": "3", "WORLD_SIZE": "8", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "LOCAL_RANK": "3"}
+
+
+@pytest.mark.parametrize(
+    ("env", "cuda", "device_type", "backend", "expected"),
+    [
+        (TORCHRUN, True, None, None, InitPlan("nccl", "cuda", 3)),  # GPU node: NCCL bound to LOCAL_RANK
+        (TORCHRUN, False, None, None, InitPlan("gloo", "cpu", None)),  # CPU node: gloo
+        (TORCHRUN, True, "cpu", None, InitPlan("gloo", "cpu", None)),  # asked for cpu on a GPU node
+        (TORCHRUN, True, "cuda", "gloo", InitPlan("gloo", "cuda", 3)),  # explicit backend wins
+        ({**TORCHRUN, "LOCAL_RANK": "0"}, True, None, None, InitPlan("nccl", "cuda", 0)),
+        ({k: v for k, v in TORCHRUN.items() if k != "LOCAL_RANK"}, True, None, None, InitPlan("nccl", "cuda", 0)),
+    ],
+)
+def test_plan_init(env, cuda, device_type, backend, expected):
+    assert plan_init(env, cuda, device_type, backend) == expected
+
+
+def test_plan_init_outside_torchrun_names_what_is_missing():
+    with pytest.raises(MeshError, match=r"torchrun environment.*\['RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT'\]"
+                                        r".*run under torchrun"):
+        plan_init({}, False, None, None)
+    with pytest.raises(MeshError, match=r"missing environment variables=\['MASTER_PORT'\]"):
+        plan_init({k: v for k, v in TORCHRUN.items() if k != "MASTER_PORT"}, False, None, None)
+
+
+def test_plan_init_rejects_cuda_without_gpu_and_unknown_device_types():
+    with pytest.raises(MeshError, match=r"an available device type, but got device_type='cuda'; valid: 'cpu'"):
+        plan_init(TORCHRUN, False, "cuda", None)
+    with pytest.raises(MeshError, match=r"a supported device type, but got device_type='tpu'; valid: \('cpu', 'cuda'\)"):
+        plan_init(TORCHRUN, False, "tpu", None)
+
+
+@pytest.mark.parametrize(
+    ("default", "device_type", "backend", "cuda", "expected"),
+    [
+        ("gloo", None, None, False, ("cpu", "gloo", None)),  # new_group(backend=None) = default's
+        ("nccl", None, None, True, ("cuda", "nccl", None)),
+        ("nccl", "cpu", None, True, ("cpu", "gloo", "gloo")),  # cpu groups under an NCCL job: gloo
+        ("gloo", "cuda", None, True, ("cuda", "nccl", "nccl")),
+        ("gloo", None, "gloo", False, ("cpu", "gloo", "gloo")),
+        ("cpu:gloo,cuda:nccl", None, None, True, ("cuda", "cpu:gloo,cuda:nccl", None)),
+        ("cpu:gloo,cuda:nccl", None, None, False, ("cpu", "cpu:gloo,cuda:nccl", None)),
+        ("fake", None, None, False, ("cpu", "fake", None)),  # single-process simulation
+        ("fake", "cuda", None, False, ("cuda", "fake", None)),
+    ],
+)
+def test_resolve_backend(default, device_type, backend, cuda, expected):
+    assert resolve_backend(default, device_type, backend, cuda) == expected
+
+
+def test_resolve_backend_fake_refuses_a_real_backend():
+    # new_group(backend="gloo") under the fake default group fails inside c10d (design_review 19)
+    with pytest.raises(MeshError, match=r"backend=None under torch's fake process group, but got backend='gloo'"):
+        resolve_backend("fake", None, "gloo", False)
+
+
+ROWS_ASC = [(0, 1), (2, 3), (4, 5), (6, 7)]
+ROWS_PERM = [(7, 6), (5, 4), (3, 2), (1, 0)]
+
+
+@pytest.mark.parametrize(
+    ("rows", "default", "backend", "bound", "expected"),
+    [
+        ([tuple(range(8))], "gloo", "gloo", False, "default"),  # whole world, ascending: reuse
+        ([tuple(range(8))], "nccl", "gloo", True, "new_group"),  # other backend: a new group
+        ([tuple(reversed(range(8)))], "gloo", "gloo", False, "new_group"),  # order differs: not the world
+        ([(0,), (1,), (2,)], "gloo", "gloo", False, "local"),  # size-1 axis: local singletons
+        ([(0,), (1,)], "nccl", "nccl", True, "local"),
+        (ROWS_ASC, "nccl", "nccl", True, "split"),  # NCCL bound to a device, ascending: one split
+        (ROWS_ASC, "nccl", "nccl", False, "new_group"),  # not bound: split_group is unavailable
+        (ROWS_PERM, "nccl", "nccl", True, "new_group"),  # split_group sorts members: keep mesh order
+        (ROWS_ASC, "gloo", "gloo", False, "new_group"),
+        (ROWS_ASC, "nccl", "gloo", True, "new_group"),  # gloo groups in an NCCL job
+    ],
+)
+def test_creation_method(rows, default, backend, bound, expected):
+    assert creation_method(rows, 8, default, backend, bound) == expected
+
+
+@pytest.mark.parametrize(
+    ("check", "env", "expected"),
+    [(True, {}, 60.0), (False, {}, None), (5, {}, 5.0), (0.5, {}, 0.5), (True, {CHECK_TIMEOUT_ENV: "7"}, 7.0),
+     (3, {CHECK_TIMEOUT_ENV: "7"}, 3.0)],
+)
+def test_check_timeout_seconds(check, env, expected):
+    assert check_timeout_seconds(check, env) == expected
+
+
+def test_check_timeout_errors():
+    with pytest.raises(TypeError, match=r"check=True, False or a number of seconds, but got check='yes'"):
+        check_timeout_seconds("yes", {})
+    with pytest.raises(MeshError, match=r"a positive check timeout, but got check=0.0"):
+        check_timeout_seconds(0, {})
+    with pytest.raises(MeshError, match=r"FUNCTIONAL_MESH_CHECK_TIMEOUT=.soon."):
+        check_timeout_seconds(True, {CHECK_TIMEOUT_ENV: "soon"})
+
+
+def test_compare_names_the_ranks_that_differ():
+    values = {0: "a1 Mesh(dp=2)", 1: "a1 Mesh(dp=2)", 2: "b2 Mesh(tp=2)", 3: "a1 Mesh(dp=2)"}
+    assert _compare(7, values) == (
+        "realize call #7 differs across ranks: ranks [0, 1, 3] asked for Mesh(dp=2); ranks [2] asked for Mesh(tp=2)"
+    )
+    assert _compare(7, {0: "a x", 1: "a x"}) == ""
