@@ -416,6 +416,10 @@ def _check_same_request(call: int, request: str, rank: int, world: int, wait_s: 
                 f"got no verdict from rank 0 within {wait_s:g} s; ranks not arrived: {absent}; "
                 f"this rank asked for {request}")
         verdict = store.get(verdict_key).decode()
+    try:  # rank 0 has read every digest once the verdict exists; only the verdict stays
+        store.delete_key(key)
+    except Exception:  # a store without deletion keeps the key: harmless
+        pass
     if verdict not in ("", "ok"):
         raise MeshError(f"`realize` requires every rank to call it with an equal mesh, but {verdict}")
 
