@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 export OMP_NUM_THREADS := 1
 
-.PHONY: install test bench fuzz clean
+.PHONY: install test demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,12 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The main example (DESIGN.md §8): 3-D mesh, FSDP2 + TP, losses checked against one process.
+# NPROC workers (default 8): gloo on CPU when no GPU is present, NCCL on GPUs.
+NPROC ?= 8
+demo: $(STAMP)
+	$(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) examples/train_3d.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_transforms.py
