@@ -104,6 +104,14 @@ class DeviceList:
             return self._start + self._step * np.asarray(idx, dtype=np.int64)
         return self._array[idx]
 
+    def max(self) -> int:
+        """The largest rank, in O(1) for a range (``-1`` for an empty list)."""
+        if self._n == 0:
+            return -1
+        if self._array is None:
+            return max(self._start, self._start + self._step * (self._n - 1))
+        return int(self._array.max())
+
     def digest(self) -> str:
         """A digest of the ranks that is the same in every process (unlike ``hash``)."""
         import hashlib

@@ -25,8 +25,10 @@ import contextvars
 import datetime
 import hashlib
 import os
+import sys
 import threading
-from collections.abc import Iterable, Sequence
+import types
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -141,7 +143,7 @@ def creation_method(rows: Sequence[tuple[int, ...]], world_size: int, default_ba
     return "new_group"
 
 
-def check_timeout_seconds(check: bool | float, env: dict[str, str]) -> float | None:
+def check_timeout_seconds(check: bool | float, env: Mapping[str, str]) -> float | None:
     """The divergence-check wait: ``None`` when off; ``check`` seconds, the env var, or 60 s."""
     if check is False:
         return None
@@ -185,7 +187,7 @@ class CacheInfo(NamedTuple):
 class _Cache:
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.axes: dict[tuple, tuple[tuple[int, ...], ...]] = {}  # axis key -> member tuples (groups)
+        self.axes: dict[tuple, Any] = {}  # axis key -> this rank's group of that axis (None: not a member)
         self.groups: dict[tuple, Any] = {}  # (members, backend, options) -> ProcessGroup | None
         self.created: list[Any] = []  # ProcessGroups this process made (destroyed by clear_cache)
         self.made = 0  # distinct member tuples made (members or not; equal on every rank)
@@ -256,7 +258,7 @@ def realize(
     if not isinstance(mesh, Mesh):
         raise TypeError(requires("realize", "a functional_mesh.Mesh", "mesh", mesh))
     timeout_td = _timeout_td(timeout)
-    wait_s = check_timeout_seconds(check, dict(os.environ))
+    wait_s = check_timeout_seconds(check, os.environ)
     product_axes = _product_axes(mesh, products)
     if not dist.is_initialized():
         _init_default(device_type, backend, timeout_td)
@@ -264,15 +266,15 @@ def realize(
     device_type, backend_name, backend_arg = resolve_backend(default_backend, device_type, backend,
                                                              torch.cuda.is_available())
     world, rank = dist.get_world_size(), dist.get_rank()
-    if mesh.num_devices and int(mesh.devices.max()) >= world:
+    if mesh.device_list.max() >= world:
         raise MeshError(requires("realize", f"devices that are ranks of the world (0..{world - 1})",
-                                 "largest device", int(mesh.devices.max())), mesh=mesh)
+                                 "largest device", mesh.device_list.max()), mesh=mesh)
     options = (timeout_td.total_seconds() if timeout_td else None,)
-    request = _describe(mesh, device_type, backend_name, options, product_axes)
     with _CACHE.lock:
         _CACHE.calls += 1
         call = _CACHE.calls
     if wait_s is not None and backend_name != "fake":
+        request = _describe(mesh, device_type, backend_name, options, product_axes)
         _check_same_request(call, request, rank, world, wait_s)
     families = [(name, mesh[name]) for name in mesh.axis_names]
     families += [(axes, mesh[axes].flatten(name="product")) for axes in product_axes]
@@ -328,19 +330,17 @@ class _Plan:
         """This rank's group of the 1-axis ``family`` (``None`` when not a member)."""
         (name,) = family.axis_names
         axis_key = (family.axis_layout(name), family.device_list, self.device_type, self.backend, self.options)
-        rows = _CACHE.axes.get(axis_key)
-        if rows is None:
-            _CACHE.misses += 1
-            rows = tuple(tuple(r) for r in family.groups().reshape(family.num_groups, -1).tolist())
-            self._create(rows)
-            _CACHE.axes[axis_key] = rows
-        else:
+        if axis_key in _CACHE.axes:  # a hit: O(1), whatever the world size
             _CACHE.hits += 1
-        index = family.device_list.index_of(self.rank)
-        if index is None:
-            return None
-        mine = tuple(family.group_of(self.rank).reshape(-1).tolist())
-        return _CACHE.groups[(mine, self.backend, self.options)]
+            return _CACHE.axes[axis_key]
+        _CACHE.misses += 1
+        rows = tuple(tuple(r) for r in family.groups().reshape(family.num_groups, -1).tolist())
+        self._create(rows)
+        group = family.group_of(self.rank)
+        mine = None if group is None else _CACHE.groups[(tuple(group.reshape(-1).tolist()), self.backend,
+                                                          self.options)]
+        _CACHE.axes[axis_key] = mine
+        return mine
 
     def _create(self, rows: tuple[tuple[int, ...], ...]) -> None:
         missing = [r for r in rows if (r, self.backend, self.options) not in _CACHE.groups]
@@ -405,7 +405,9 @@ def _check_same_request(call: int, request: str, rank: int, world: int, wait_s: 
             verdict = (f"ranks {missing} did not reach realize call #{call} within {wait_s:g} s "
                        f"(the others asked for {request})")
         else:
-            verdict = _compare(call, {r: store.get(k).decode() for r, k in enumerate(keys)})
+            verdict = _compare(call, {r: v.decode() for r, v in enumerate(store.multi_get(keys))})
+            # every rank has finished the previous call: its verdict is read, drop it
+            _try_delete(store, f"{_STORE_PREFIX}/{call - 1}/verdict")
         store.set(verdict_key, verdict or "ok")
     else:
         if _wait_for(store, [verdict_key], wait_s + 5.0):
@@ -416,12 +418,16 @@ def _check_same_request(call: int, request: str, rank: int, world: int, wait_s: 
                 f"got no verdict from rank 0 within {wait_s:g} s; ranks not arrived: {absent}; "
                 f"this rank asked for {request}")
         verdict = store.get(verdict_key).decode()
-    try:  # rank 0 has read every digest once the verdict exists; only the verdict stays
+    _try_delete(store, key)  # rank 0 has read every digest once the verdict exists
+    if verdict not in ("", "ok"):
+        raise MeshError(f"`realize` requires every rank to call it with an equal mesh, but {verdict}")
+
+
+def _try_delete(store: Any, key: str) -> None:
+    try:
         store.delete_key(key)
     except Exception:  # a store without deletion keeps the key: harmless
         pass
-    if verdict not in ("", "ok"):
-        raise MeshError(f"`realize` requires every rank to call it with an equal mesh, but {verdict}")
 
 
 def _wait_for(store: Any, keys: list[str], wait_s: float) -> list[int]:
@@ -566,3 +572,18 @@ class RealizedMesh:
     def __repr__(self) -> str:
         where = "outside the mesh" if self.coordinate is None else f"coordinate {self.coordinate}"
         return f"RealizedMesh({self.mesh!r}, {self.backend}, rank {self.rank}: {where})"
+
+
+class _RealizeModule(types.ModuleType):
+    """This module, callable as :func:`realize`.
+
+    Importing ``functional_mesh.realize`` makes Python bind the *module* to the package
+    attribute ``functional_mesh.realize``, shadowing the function of the same name; calling the
+    module keeps ``fm.realize(mesh)`` right whichever import came first.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> RealizedMesh:
+        return realize(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _RealizeModule

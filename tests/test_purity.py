@@ -36,3 +36,14 @@ def test_pure_planning_needs_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_fm_realize_stays_callable_after_importing_the_module():
+    code = (
+        "import functional_mesh.realize\n"
+        "import functional_mesh as fm\n"
+        "from functional_mesh.realize import RealizedMesh\n"
+        "print(callable(fm.realize), RealizedMesh.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "RealizedMesh"]
