@@ -34,9 +34,13 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'functional_mesh' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+    loaded = importlib.import_module(f".{module}", __name__)
+    # Importing a submodule binds it as a package attribute: for ``realize`` (module and
+    # function share the name) that shadows the function, so bind the function back.
+    for lazy, where in _LAZY.items():
+        if where == module:
+            globals()[lazy] = getattr(loaded, lazy)
+    return globals()[name]
 
 
 def __dir__() -> list[str]:

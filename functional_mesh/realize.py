@@ -408,19 +408,25 @@ def _check_same_request(call: int, request: str, rank: int, world: int, wait_s: 
             verdict = _compare(call, {r: v.decode() for r, v in enumerate(store.multi_get(keys))})
             # every rank has finished the previous call: its verdict is read, drop it
             _try_delete(store, f"{_STORE_PREFIX}/{call - 1}/verdict")
-        store.set(verdict_key, verdict or "ok")
+        verdict = _decide(store, verdict_key, verdict or "ok")
+    elif _wait_for(store, [verdict_key], wait_s + 5.0):
+        arrived = [r for r in range(world) if store.check([f"{prefix}/rank{r}"])]
+        absent = sorted(set(range(world)) - set(arrived))
+        # Give up, unless rank 0 decided in the meantime: the first decision stands for everyone,
+        # so a late rank 0 cannot pass a call the others already abandoned.
+        verdict = _decide(store, verdict_key, f"realize call #{call} got no verdict from rank 0 within "
+                                              f"{wait_s:g} s; ranks not arrived: {absent}; rank {rank} "
+                                              f"asked for {request}")
     else:
-        if _wait_for(store, [verdict_key], wait_s + 5.0):
-            arrived = [r for r in range(world) if store.check([f"{prefix}/rank{r}"])]
-            absent = sorted(set(range(world)) - set(arrived))
-            raise MeshError(
-                f"`realize` requires every rank to call it with an equal mesh, but realize call #{call} "
-                f"got no verdict from rank 0 within {wait_s:g} s; ranks not arrived: {absent}; "
-                f"this rank asked for {request}")
         verdict = store.get(verdict_key).decode()
     _try_delete(store, key)  # rank 0 has read every digest once the verdict exists
     if verdict not in ("", "ok"):
         raise MeshError(f"`realize` requires every rank to call it with an equal mesh, but {verdict}")
+
+
+def _decide(store: Any, key: str, verdict: str) -> str:
+    """Publish ``verdict`` unless one exists; return the verdict that stands (the first one)."""
+    return store.compare_set(key, "", verdict).decode()
 
 
 def _try_delete(store: Any, key: str) -> None:

@@ -1,0 +1,354 @@
+"""A reusable pool of real gloo workers on loopback: spawn once per test module, run many checks.
+
+A fresh world-8 launch costs ~7 s on two cores while one check inside a live world costs
+milliseconds (DESIGN.md §9), so each test module starts its pool once and sends it many checks::
+
+    w4 = pool_fixture(4)                    # module-scoped pytest fixture
+
+    def check_sum(value):                   # a module-level function: runs on every rank
+        t = torch.tensor([value])
+        dist.all_reduce(t)
+        return t.item()
+
+    def test_sum(w4):
+        assert w4.run(check_sum, 1) == [4, 4, 4, 4]   # one result per rank
+
+A check is sent by reference (its module and qualified name) with picklable arguments; each
+worker imports the module, calls the function and returns its value or the formatted
+exception. ``run`` raises :class:`WorkerFailed` when any rank raised; ``outcomes`` returns
+every rank's :class:`Outcome` for tests that expect exceptions.
+
+Nothing here can hang a test:
+
+- workers use the ``spawn`` start method (no torchrun), ``OMP_NUM_THREADS=1``, a TCPStore
+  that rank 0 binds to a free port it picks itself (no port race), and a 30 s default-group
+  timeout;
+- every wait in the parent is bounded; a worker that dies or does not answer in time raises
+  :class:`PoolError` naming the ranks, and the whole pool is killed (a hung collective cannot
+  be cancelled) and re-spawned lazily by the next check;
+- teardown is ``monitored_barrier`` (bounded), ``fm.clear_cache()``, ``destroy_process_group``,
+  then a bounded join; stragglers are killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import pytest
+
+HOST = "127.0.0.1"
+GROUP_TIMEOUT_S = 30.0  # default group and store timeout inside the workers
+CHECK_TIMEOUT_S = 30.0  # default bound on one check, in the parent
+START_TIMEOUT_S = 90.0  # spawning and initialising a world on two busy cores (pytest-timeout is 120 s)
+CLOSE_TIMEOUT_S = 20.0
+MAX_RESTARTS = 3  # re-spawns after a broken pool, per pool (each costs a launch)
+
+
+class PoolError(RuntimeError):
+    """The pool itself failed: a worker died, did not answer in time, or did not start."""
+
+
+class Outcome(NamedTuple):
+    """One rank's answer to a check."""
+
+    rank: int
+    ok: bool
+    value: Any = None  # the check's return value when ok
+    error_type: str = ""  # e.g. "functional_mesh.errors.MeshError"
+    message: str = ""  # str(exception)
+    traceback: str = ""
+
+    @property
+    def error_name(self) -> str:
+        return self.error_type.rsplit(".", 1)[-1]
+
+    def describe(self) -> str:
+        if self.ok:
+            return f"rank {self.rank}: ok {self.value!r}"
+        return f"rank {self.rank}: {self.error_type}: {self.message}\n{self.traceback}"
+
+
+class WorkerFailed(AssertionError):
+    """At least one rank raised inside a check; the message holds every failing traceback."""
+
+    def __init__(self, name: str, outcomes: list[Outcome]) -> None:
+        self.outcomes = outcomes
+        bad = [o for o in outcomes if not o.ok]
+        text = "\n".join(o.describe() for o in bad)
+        super().__init__(f"check {name} raised on ranks {[o.rank for o in bad]}:\n{text}")
+
+
+def _ref(fn: Callable[..., Any]) -> tuple[str, str]:
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or "<" in qualname or module == "__main__":
+        raise TypeError(f"a check must be a module-level function importable by the workers, got {fn!r}")
+    return module, qualname
+
+
+def _resolve(module: str, qualname: str) -> Callable[..., Any]:
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+# -- the worker ----------------------------------------------------------------------------------
+
+
+def _worker_main(rank: int, world: int, conn: mpc.Connection, sys_path: list[str]) -> None:
+    """One rank: join the gloo world, then serve checks until told to close (or the parent dies)."""
+    t0 = time.monotonic()
+    os.environ["OMP_NUM_THREADS"] = "1"
+    # Realize calls that keep check=True wait at most this long for a missing rank.
+    os.environ.setdefault("FUNCTIONAL_MESH_CHECK_TIMEOUT", "20")
+    for p in reversed(sys_path):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    phases = {"import": time.monotonic() - t0}
+    timeout = datetime.timedelta(seconds=GROUP_TIMEOUT_S)
+    if rank == 0:
+        store = dist.TCPStore(HOST, 0, world, is_master=True, timeout=timeout, wait_for_workers=False)
+        conn.send(("port", store.port))
+        port = store.port
+    else:
+        if not conn.poll(START_TIMEOUT_S):
+            return
+        _, port = conn.recv()
+        store = dist.TCPStore(HOST, port, world, is_master=False, timeout=timeout)
+    phases["store"] = time.monotonic() - t0
+    os.environ.update(MASTER_ADDR=HOST, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    phases["init"] = time.monotonic() - t0
+    conn.send(("ready", rank, os.getpid(), phases))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the parent is gone: leave without a collective
+            os._exit(3)
+        if msg[0] == "close":
+            _close_worker(conn, msg[1])
+            # The groups are destroyed; skip the interpreter's slow teardown of torch (~0.3 s a
+            # process, serialised on two cores).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        _, seq, module, qualname, args, kwargs = msg
+        try:
+            value = _resolve(module, qualname)(*args, **kwargs)
+            reply = (seq, True, value, "", "", "")
+        except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
+            kind = type(e)
+            reply = (seq, False, None, f"{kind.__module__}.{kind.__qualname__}", str(e), traceback.format_exc())
+        try:
+            conn.send(reply)
+        except Exception as e:  # noqa: BLE001 - an unpicklable result
+            conn.send((seq, False, None, "PicklingError", f"result of {qualname} not picklable: {e!r}", ""))
+
+
+def _close_worker(conn: mpc.Connection, barrier_s: float) -> None:
+    import torch.distributed as dist
+
+    error = ""
+    t0 = time.monotonic()
+    try:
+        # Nobody leaves while another rank may still talk to it (a rank exiting early makes
+        # gloo report "Connection closed by peer" on the others); bounded, unlike barrier().
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=barrier_s), wait_all_ranks=True)
+        realize = sys.modules.get("functional_mesh.realize")
+        if realize is not None:
+            realize.clear_cache()
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001
+        error = f"{type(e).__name__}: {e}"
+    with contextlib.suppress(Exception):
+        conn.send(("bye", error, time.monotonic() - t0))
+
+
+# -- the parent ----------------------------------------------------------------------------------
+
+
+class Pool:
+    """``world`` gloo workers on loopback, started once and reused for many checks."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.procs: list[Any] = []
+        self.conns: list[mpc.Connection] = []
+        self.broken = False
+        self.restarts = 0
+        self.launches = 0
+        self.start_seconds: list[float] = []
+        self.phases: list[dict[str, float]] = []  # per rank: seconds to import torch, join the store, init
+        self._seq = 0
+
+    # lifecycle
+
+    def start(self) -> Pool:
+        ctx = mp.get_context("spawn")
+        t0 = time.monotonic()
+        self.procs, self.conns = [], []
+        for rank in range(self.world):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker_main, args=(rank, self.world, child, list(sys.path)),
+                               name=f"gloo-worker-{rank}/{self.world}", daemon=True)
+            proc.start()
+            child.close()
+            self.procs.append(proc)
+            self.conns.append(parent)
+        self.launches += 1
+        try:
+            (port_msg,) = self._collect([0], START_TIMEOUT_S, "startup (rank 0 binding the store)")
+            for conn in self.conns[1:]:
+                conn.send(port_msg)
+            ready = self._collect(range(self.world), START_TIMEOUT_S, "startup (init_process_group)")
+            self.phases = [msg[3] for msg in ready]
+        except BaseException:
+            self.kill()
+            raise
+        self.broken = False
+        self.start_seconds.append(time.monotonic() - t0)
+        return self
+
+    def kill(self) -> None:
+        """Kill every worker now (a hung collective cannot be interrupted any other way)."""
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in self.procs:
+            proc.join(5)
+        for conn in self.conns:
+            conn.close()
+        self.procs, self.conns = [], []
+        self.broken = True
+
+    def close(self) -> None:
+        """Barrier, clear the realize cache, destroy the default group, join; kill stragglers."""
+        if self.broken or not self.procs:
+            self.kill()
+            return
+        problems = []
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send(("close", CLOSE_TIMEOUT_S / 2))
+            except OSError as e:
+                problems.append(f"rank {rank}: {e!r}")
+        try:
+            for rank, (_, error, _seconds) in zip(range(self.world), self._collect(range(self.world), CLOSE_TIMEOUT_S,
+                                                                          "close")):
+                if error:
+                    problems.append(f"rank {rank}: {error}")
+        except PoolError as e:
+            problems.append(str(e))
+        for proc in self.procs:
+            proc.join(5)
+        stragglers = [p.name for p in self.procs if p.is_alive()]
+        self.kill()
+        self.broken = False
+        if stragglers:
+            problems.append(f"killed stragglers {stragglers}")
+        if problems:
+            raise PoolError("pool teardown was not clean: " + "; ".join(problems))
+
+    def _ensure(self) -> None:
+        if self.broken or not self.procs:
+            if self.restarts >= MAX_RESTARTS:
+                raise PoolError(f"world-{self.world} pool broke {self.restarts} times; not restarting again")
+            if self.procs or self.broken:
+                self.restarts += 1
+            self.start()
+
+    # checks
+
+    def outcomes(self, fn: Callable[..., Any], *args: Any, timeout: float = CHECK_TIMEOUT_S,
+                 **kwargs: Any) -> list[Outcome]:
+        """Run ``fn(*args, **kwargs)`` on every rank; every rank's :class:`Outcome`, by rank."""
+        module, qualname = _ref(fn)
+        self._ensure()
+        self._seq += 1
+        seq = self._seq
+        for conn in self.conns:
+            conn.send(("run", seq, module, qualname, args, kwargs))
+        replies = self._collect(range(self.world), timeout, f"check {qualname}")
+        out = []
+        for rank, reply in enumerate(replies):
+            if reply[0] != seq:
+                self.kill()
+                raise PoolError(f"rank {rank} answered request {reply[0]} instead of {seq}")
+            out.append(Outcome(rank, *reply[1:]))
+        return out
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = CHECK_TIMEOUT_S, **kwargs: Any) -> list[Any]:
+        """Run ``fn`` on every rank; the per-rank return values, or :class:`WorkerFailed`."""
+        outs = self.outcomes(fn, *args, timeout=timeout, **kwargs)
+        if not all(o.ok for o in outs):
+            raise WorkerFailed(fn.__qualname__, outs)
+        return [o.value for o in outs]
+
+    def _collect(self, ranks: Any, timeout: float, what: str) -> list[Any]:
+        """One message from each of ``ranks``, within ``timeout`` seconds in total."""
+        ranks = list(ranks)
+        got: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout
+        while len(got) < len(ranks):
+            pending = [r for r in ranks if r not in got]
+            for r in pending:  # answers that already arrived, before looking at deaths
+                if self.conns[r].poll():
+                    got[r] = self._recv(r, what)
+            pending = [r for r in ranks if r not in got]
+            if not pending:
+                break
+            dead = [r for r in pending if not self.procs[r].is_alive() and not self.conns[r].poll()]
+            if dead:
+                codes = {r: self.procs[r].exitcode for r in dead}
+                self.kill()
+                raise PoolError(f"{what}: rank(s) {dead} died (exit codes {codes}) before answering")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.kill()
+                raise PoolError(f"{what}: rank(s) {pending} did not answer within {timeout:g} s "
+                                f"(answered: {sorted(got)}); the pool was killed")
+            waitables = [self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending]
+            mpc.wait(waitables, timeout=min(remaining, 1.0))
+        return [got[r] for r in ranks]
+
+    def _recv(self, rank: int, what: str) -> Any:
+        try:
+            return self.conns[rank].recv()
+        except (EOFError, OSError) as e:
+            proc = self.procs[rank]
+            proc.join(2)
+            code = proc.exitcode
+            self.kill()
+            if code is not None:
+                raise PoolError(f"{what}: rank(s) [{rank}] died (exit codes {({rank: code})}) "
+                                "before answering") from None
+            raise PoolError(f"{what}: lost the pipe to rank {rank}: {e!r}") from None
+
+
+def pool_fixture(world: int) -> Any:
+    """A module-scoped pytest fixture that starts one ``world``-rank pool and closes it after."""
+
+    @pytest.fixture(scope="module", name=f"w{world}")
+    def _fixture() -> Any:
+        pool = Pool(world).start()
+        try:
+            yield pool
+        finally:
+            pool.close()
+
+    return _fixture
