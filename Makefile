@@ -29,6 +29,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_transforms.py
+	$(PY) benchmarks/bench_realize.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
