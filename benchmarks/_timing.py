@@ -23,6 +23,8 @@ Benchmarks report, they do not assert on timings.
 
 from __future__ import annotations
 
+import argparse
+
 import datetime as _dt
 import gc
 import math
@@ -356,3 +358,22 @@ def replace_section(path: str | Path, name: str, content: str, *, heading: str |
         tail = (f"\n{heading}\n\n" if heading else "\n") + block + "\n"
         text = text.rstrip("\n") + "\n" + tail if text else tail.lstrip("\n")
     path.write_text(text, encoding="utf-8")
+
+
+def bench_parser(doc: str, docs_path: str, quick_help: str, runs_help: str) -> argparse.ArgumentParser:
+    """The command line every benchmark shares: --quick, --write-docs, --runs, --target-ms,
+    --json, and the hidden --_worker/--_world a benchmark passes to its own subprocesses."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--write-docs", action="store_true", help=f"rewrite this benchmark's section of {docs_path}")
+    p.add_argument("--runs", type=int, default=None, help=runs_help)
+    p.add_argument("--target-ms", type=float, default=None, help="calibrated run length (default 20; quick: 5)")
+    p.add_argument("--json", type=Path, default=None, help="also dump the raw results here")
+    p.add_argument("--_worker", help=argparse.SUPPRESS)
+    p.add_argument("--_world", type=int, help=argparse.SUPPRESS)
+    return p
+
+
+def run_settings(args: argparse.Namespace) -> tuple[int, float]:
+    """``(runs, target_ms)`` from the shared options: 7 runs of ~20 ms, or 3 of ~5 ms with --quick."""
+    return args.runs or (3 if args.quick else 7), args.target_ms or (5.0 if args.quick else 20.0)

@@ -789,11 +789,8 @@ def report(configs: list[dict[str, Any]], meta: dict[str, str], wall_s: float, q
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="fake W=32 and gloo W=4 only, fewer repetitions (smoke)")
-    p.add_argument("--write-docs", action="store_true",
-                   help=f"rewrite this benchmark's section of {DOCS.relative_to(REPO)}")
+    p = T.bench_parser(__doc__, str(DOCS.relative_to(REPO)), "fake W=32 and gloo W=4 only, fewer repetitions (smoke)",
+                       "timed runs of the cache-hit figure (default 7; quick 3)")
     p.add_argument("--fake-worlds", type=lambda s: tuple(int(x) for x in s.split(",") if x), default=None,
                    help="comma-separated fake world sizes (multiples of 32); default 32,4096")
     p.add_argument("--gloo-worlds", type=lambda s: tuple(int(x) for x in s.split(",") if x), default=None,
@@ -803,17 +800,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=None,
                    help="workers per side, alternating sides (default fake 3, gloo 2; quick 1)")
     p.add_argument("--check-calls", type=int, default=30, help="check=True/False calls per mode per rank (≥ 20)")
-    p.add_argument("--runs", type=int, default=None, help="timed runs of the cache-hit figure (default 7; quick 3)")
-    p.add_argument("--target-ms", type=float, default=None, help="calibrated run length (default 20; quick 5)")
-    p.add_argument("--json", type=Path, default=None, help="also dump the raw results here")
-    p.add_argument("--_worker", help=argparse.SUPPRESS)
-    p.add_argument("--_world", type=int, help=argparse.SUPPRESS)
     p.add_argument("--_rank", type=int, help=argparse.SUPPRESS)
     p.add_argument("--_port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--_extra", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    runs = args.runs or (3 if args.quick else 7)
-    target_ms = args.target_ms or (5.0 if args.quick else 20.0)
+    runs, target_ms = T.run_settings(args)
 
     if args._worker:
         kind, side = args._worker.split("-")

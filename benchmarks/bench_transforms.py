@@ -23,7 +23,6 @@ libraries compute the same groups and coordinates for what it times, and says so
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -405,22 +404,13 @@ def report(results: dict[int, dict[str, dict[str, Any]]], meta: dict[str, str], 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="W = 4,096 only, 3 runs of ~5 ms (smoke test)")
-    p.add_argument("--write-docs", action="store_true",
-                   help=f"rewrite this benchmark's section of {DOCS.relative_to(REPO)}")
+    p = T.bench_parser(__doc__, str(DOCS.relative_to(REPO)), "W = 4,096 only, 3 runs of ~5 ms (smoke test)",
+                       "timed runs per figure (default 7; quick: 3)")
     p.add_argument("--worlds", type=lambda s: tuple(int(x) for x in s.split(",")), default=None,
                    help="comma-separated world sizes (multiples of 512); default 4096,65536,1048576")
-    p.add_argument("--runs", type=int, default=None, help="timed runs per figure (default 7; quick: 3)")
-    p.add_argument("--target-ms", type=float, default=None, help="calibrated run length (default 20; quick: 5)")
     p.add_argument("--no-torch", action="store_true", help="measure ours only")
-    p.add_argument("--json", type=Path, default=None, help="also dump the raw results here")
-    p.add_argument("--_worker", choices=("ours", "torch"), help=argparse.SUPPRESS)
-    p.add_argument("--_world", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    runs = args.runs or (3 if args.quick else 7)
-    target_ms = args.target_ms or (5.0 if args.quick else 20.0)
+    runs, target_ms = T.run_settings(args)
 
     if args._worker:
         fn = worker_ours if args._worker == "ours" else worker_torch

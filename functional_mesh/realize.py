@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-from .errors import MeshError, requires, unknown_axis
+from .errors import MeshError, requires
 from .mesh import Mesh, _name_tuple
 
 __all__ = [

@@ -20,11 +20,14 @@ def test_only_realize_creates_process_groups():
     assert offenders == []
 
 
+def run_python(code: str) -> list[str]:
+    """What a fresh interpreter prints for ``code``, split into words."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+
+
 @pytest.mark.parametrize("module", ["functional_mesh", "functional_mesh.layout", "functional_mesh.mesh"])
 def test_pure_modules_import_without_torch(module):
-    code = f"import sys, {module}; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert run_python(f"import sys, {module}; print('torch' in sys.modules)") == ["False"]
 
 
 def test_pure_planning_needs_no_torch():
@@ -34,8 +37,7 @@ def test_pure_planning_needs_no_torch():
         "m.flatten(('dp', 'cp')).unflatten('dp_cp', {'x': 4})['x', 'tp'].groups()\n"
         "print('torch' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert run_python(code) == ["False"]
 
 
 def test_fm_realize_stays_callable_after_importing_the_module():
@@ -45,5 +47,4 @@ def test_fm_realize_stays_callable_after_importing_the_module():
         "from functional_mesh.realize import RealizedMesh\n"
         "print(callable(fm.realize), RealizedMesh.__name__)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["True", "RealizedMesh"]
+    assert run_python(code) == ["True", "RealizedMesh"]
