@@ -13,6 +13,7 @@ from typing import Any
 from .errors import MeshError, UnknownAxisError
 from .layout import Layout
 from .mesh import Mesh, MeshShape, make_mesh
+from .sharding import NamedSharding, P, PartitionSpec
 
 __version__ = "0.1.0"
 
@@ -27,7 +28,10 @@ _LAZY: dict[str, str] = {
     "from_device_mesh": "interop",
 }
 
-__all__ = ["Layout", "Mesh", "MeshError", "MeshShape", "UnknownAxisError", "make_mesh", *_LAZY]
+__all__ = [
+    "Layout", "Mesh", "MeshError", "MeshShape", "NamedSharding", "P", "PartitionSpec", "UnknownAxisError",
+    "make_mesh", *_LAZY,
+]
 
 
 def __getattr__(name: str) -> Any:

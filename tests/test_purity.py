@@ -25,7 +25,7 @@ def run_python(code: str) -> list[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
 
 
-@pytest.mark.parametrize("module", ["functional_mesh", "functional_mesh.layout", "functional_mesh.mesh"])
+@pytest.mark.parametrize("module", ["functional_mesh", "functional_mesh.layout", "functional_mesh.mesh", "functional_mesh.sharding"])
 def test_pure_modules_import_without_torch(module):
     assert run_python(f"import sys, {module}; print('torch' in sys.modules)") == ["False"]
 

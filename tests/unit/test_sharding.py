@@ -1,0 +1,78 @@
+"""Sharding values: JAX's verified index maps, normalisation, and error messages."""
+
+from __future__ import annotations
+
+import pytest
+
+import functional_mesh as fm
+from functional_mesh import MeshError, NamedSharding, P
+
+MESH = fm.make_mesh((4, 2), ("x", "y"))
+
+
+def rows_cols(sl):
+    return (sl[0].start, sl[0].stop, sl[1].start, sl[1].stop)
+
+
+# shared/notes/jax_anchor.md §3.3: verified with JAX 0.10.2 on a (4, 2) mesh, global shape (8, 4)
+@pytest.mark.parametrize(
+    ("spec", "shard_shape", "expected"),
+    [
+        (P("x", "y"), (2, 2), {0: (0, 2, 0, 2), 1: (0, 2, 2, 4), 2: (2, 4, 0, 2)}),
+        (P("y", "x"), (4, 1), {0: (0, 4, 0, 1), 1: (4, 8, 0, 1), 2: (0, 4, 1, 2), 3: (4, 8, 1, 2)}),
+        (P(("x", "y"), None), (1, 4), {k: (k, k + 1, 0, 4) for k in range(8)}),
+        (P(("y", "x"), None), (1, 4), {0: (0, 1, 0, 4), 1: (4, 5, 0, 4), 2: (1, 2, 0, 4), 3: (5, 6, 0, 4),
+                                        4: (2, 3, 0, 4), 5: (6, 7, 0, 4), 6: (3, 4, 0, 4), 7: (7, 8, 0, 4)}),
+        (P("x", None), (2, 4), {0: (0, 2, 0, 4), 1: (0, 2, 0, 4), 2: (2, 4, 0, 4)}),
+        (P(None, "y"), (8, 2), {0: (0, 8, 0, 2), 1: (0, 8, 2, 4), 2: (0, 8, 0, 2)}),
+        (P(), (8, 4), {k: (0, 8, 0, 4) for k in range(8)}),
+    ],
+)
+def test_index_maps_equal_jax(spec, shard_shape, expected):
+    sh = NamedSharding(MESH, spec)
+    assert sh.shard_shape((8, 4)) == shard_shape
+    got = {r: rows_cols(s) for r, s in sh.devices_indices_map((8, 4)).items()}
+    assert {r: got[r] for r in expected} == expected
+    assert sh.is_fully_replicated == (spec == P())
+
+
+def test_spec_normalisation():
+    assert P("x", None, None) == P("x") and hash(P("x", None)) == hash(P("x"))
+    assert P(("x",)) == P("x") and P(()) == P(None) == P()
+    assert P(["x", "y"]) == P(("x", "y"))
+    assert repr(P(("dp", "cp"), "tp")) == "P(('dp', 'cp'), 'tp')"
+
+
+def test_uneven_and_empty_shards_follow_torch_chunk():
+    sh = NamedSharding(fm.make_mesh((4,), ("x",)), P("x"))
+    # torch.chunk(arange(5), 4) -> sizes 2, 2, 1, 0 (the last chunk empty)
+    assert [s[0] for s in sh.devices_indices_map((5,)).values()] == [slice(0, 2), slice(2, 4), slice(4, 5),
+                                                                      slice(5, 5)]
+    assert sh.shard_shape((5,)) == (2,) and sh.shard_shape((0,)) == (0,)
+
+
+def test_family_mesh_maps_every_rank_and_outsiders_get_none():
+    tp = fm.make_mesh((2, 4), ("dp", "tp"))["tp"]
+    sh = NamedSharding(tp, P("tp"))
+    m = sh.devices_indices_map((8,))
+    assert sorted(m) == list(range(8)) and m[1] == m[5] == (slice(2, 4),)
+    assert sh.local_slices((8,), 11) is None
+
+
+def test_errors_name_the_bad_value():
+    with pytest.raises(KeyError, match=r"`NamedSharding` requires an axis name of the mesh, but got axis='xx'.*did you mean 'x'"):
+        NamedSharding(MESH, P("xx"))
+    with pytest.raises(MeshError, match=r"each mesh axis at most once in the spec.*axis 'x' splits dims 0 and 1"):
+        NamedSharding(MESH, P("x", ("y", "x")))
+    with pytest.raises(MeshError, match=r"at least as many dims as the spec \(2\), but got global_shape=\(8,\)"):
+        NamedSharding(MESH, P("x", "y")).shard_shape((8,))
+    with pytest.raises(MeshError, match=r"non-negative dim sizes, but got global_shape\[0\]=-1"):
+        NamedSharding(MESH, P("x")).local_slices((-1,), 0)
+    with pytest.raises(MeshError, match=r"a non-negative global rank, but got rank=-1"):
+        NamedSharding(MESH, P("x")).local_slices((8,), -1)
+    with pytest.raises(TypeError, match=r"None, an axis name or a tuple of axis names per dim, but got entry=3"):
+        P(3)
+    with pytest.raises(TypeError, match=r"a PartitionSpec, but got spec='x'"):
+        NamedSharding(MESH, "x")
+    with pytest.raises(TypeError, match=r"an int for dim size"):
+        NamedSharding(MESH, P("x")).shard_shape((8.0,))
