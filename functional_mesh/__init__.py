@@ -26,6 +26,17 @@ _LAZY: dict[str, str] = {
     "clear_cache": "realize",
     "current_mesh": "realize",
     "from_device_mesh": "interop",
+    "distribute": "interop",
+    "sharding_of": "interop",
+    "psum": "collectives",
+    "pmean": "collectives",
+    "pvary": "collectives",
+    "all_gather": "collectives",
+    "psum_scatter": "collectives",
+    "all_to_all": "collectives",
+    "ppermute": "collectives",
+    "axis_index": "collectives",
+    "axis_size": "collectives",
 }
 
 __all__ = [

@@ -20,7 +20,7 @@ from .mesh import Mesh
 if TYPE_CHECKING:
     from .realize import RealizedMesh
 
-__all__ = ["device_mesh_of", "from_device_mesh"]
+__all__ = ["device_mesh_of", "distribute", "from_device_mesh", "sharding_of"]
 
 
 def device_mesh_of(rm: RealizedMesh) -> DeviceMesh:
@@ -74,3 +74,85 @@ def from_device_mesh(dm: Any) -> Mesh:
     names = dm.mesh_dim_names or tuple(f"dim{i}" for i in range(dm.ndim))
     layouts = tuple(Layout(axis.shape, axis.stride) for axis in layout)
     return Mesh(names, layouts, rank_map.reshape(-1).tolist())
+
+
+def _realized(api: str, mesh: Any) -> RealizedMesh:
+    """``mesh`` or the current ``with rm:`` mesh; a pure Mesh or nothing is a clear error."""
+    from .realize import RealizedMesh, current_mesh
+
+    rm = current_mesh() if mesh is None else mesh
+    if isinstance(rm, Mesh):
+        raise TypeError(f"`{api}` requires a RealizedMesh, but got the pure mesh {rm!r}; call fm.realize(mesh) "
+                        f"and pass its result (or use `with rm:`)")
+    if rm is None:
+        raise MeshError(f"`{api}` requires mesh=<RealizedMesh> or an enclosing `with rm:` block, but got neither")
+    if not isinstance(rm, RealizedMesh):
+        raise TypeError(requires(api, "a RealizedMesh for mesh", "mesh", rm))
+    return rm
+
+
+def distribute(tensor: torch.Tensor, sharding: Any, *, mesh: Any = None) -> Any:
+    """The DTensor whose local shard is ``tensor[sharding.local_slices(tensor.shape, rank)]``.
+
+    ``tensor`` is the full tensor on every rank; nothing is communicated. Returns ``None`` on a
+    rank outside the mesh (it has no shard).
+    """
+    from torch.distributed.tensor import DTensor
+
+    from .sharding import NamedSharding
+
+    rm = _realized("distribute", mesh)
+    if not isinstance(sharding, NamedSharding):
+        raise TypeError(requires("distribute", "a NamedSharding", "sharding", sharding))
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(requires("distribute", "a torch.Tensor", "tensor", tensor))
+    if sharding.mesh != rm.mesh:
+        raise MeshError(requires("distribute", "the sharding's mesh to be the realized mesh", "sharding.mesh",
+                                 sharding.mesh, rm.mesh), mesh=rm.mesh)
+    slices = sharding.local_slices(tuple(tensor.shape), rm.rank)
+    if slices is None:
+        return None
+    local = tensor[slices].contiguous().clone()
+    return DTensor.from_local(local, rm.device_mesh, sharding.placements, run_check=False,
+                              shape=tensor.shape, stride=tensor.stride())
+
+
+def sharding_of(dtensor: Any) -> Any:
+    """The ``NamedSharding`` of an existing DTensor (``Shard``, ``_StridedShard``, ``Replicate``).
+
+    ``Partial`` placements (pending reductions) have no sharding: a ``MeshError`` says to
+    redistribute first.
+    """
+    import itertools
+
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    from .sharding import NamedSharding, P
+
+    if not isinstance(dtensor, DTensor):
+        raise TypeError(requires("sharding_of", "a DTensor", "dtensor", dtensor))
+    mesh = from_device_mesh(dtensor.device_mesh)
+    by_dim: dict[int, list[str]] = {}
+    for name, placement in zip(mesh.axis_names, dtensor.placements):
+        if isinstance(placement, (Shard, _StridedShard)):
+            by_dim.setdefault(placement.dim, []).append(name)
+        elif not isinstance(placement, Replicate):
+            raise MeshError(requires("sharding_of", "Shard or Replicate placements (a Partial is a pending "
+                                     "reduction: redistribute it to Replicate first)", "placement", placement,
+                                     "Shard, _StridedShard, Replicate"), mesh=mesh)
+    entries: list[object] = [None] * dtensor.ndim
+    for dim, names in by_dim.items():
+        # the tuple order whose placements are exactly these (few axes: try the orders)
+        for order in itertools.permutations(names):
+            spec = [None] * (dim + 1)
+            spec[dim] = order
+            if NamedSharding(mesh, P(*spec)).placements == tuple(
+                    p if i in [mesh.axis_names.index(n) for n in names] else Replicate()
+                    for i, p in enumerate(dtensor.placements)):
+                entries[dim] = order
+                break
+        else:
+            raise MeshError(requires("sharding_of", "placements that a PartitionSpec can express", "placements",
+                                     tuple(dtensor.placements)), mesh=mesh)
+    return NamedSharding(mesh, P(*entries))

@@ -1,0 +1,317 @@
+"""Collectives by axis name over a realized mesh, with JAX's autograd rules.
+
+Tensors in, new tensors out. ``axis`` is one axis name or a tuple of names (their product,
+first name major). Chunk order is mesh order: realize creates every group with its members in
+mesh order, so group rank ``i`` is coordinate ``i`` along the axis.
+
+Autograd (our own functions, the same on every supported torch), with replicated cotangents
+as in Megatron: ``psum`` backward is the identity ("g"), ``pvary`` is the identity forward
+and ``psum`` backward ("f"), ``pmean`` is ``psum / n``, ``all_gather`` and ``psum_scatter`` are
+each other's transposes, ``all_to_all`` backward is the inverse all-to-all and ``ppermute``
+backward is the inverse permutation.
+
+A tuple of axes uses the product group when the cache holds it (``realize(mesh,
+products=[axes])``); otherwise ``psum``/``pvary`` go axis by axis, ``all_gather`` innermost axis
+first, ``psum_scatter`` outermost first, ``ppermute`` point to point. ``all_to_all`` over a tuple
+needs the product group. A collective never creates a group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .errors import MeshError, check_int, requires
+from .interop import _realized
+from .mesh import _name_tuple
+
+__all__ = ["all_gather", "all_to_all", "axis_index", "axis_size", "pmean", "ppermute", "psum", "psum_scatter",
+           "pvary"]
+
+
+# -- resolving axes to groups -------------------------------------------------------------------
+
+
+def _axes(api: str, rm: Any, axis: str | Sequence[str]) -> tuple[str, ...]:
+    names = _name_tuple(api, tuple(axis) if isinstance(axis, list) else axis, "axis")
+    if not names:
+        raise MeshError(requires(api, "at least one axis", "axis", names, rm.mesh.axis_names), mesh=rm.mesh)
+    rm.mesh[names]  # validates: known (did you mean), distinct
+    return names
+
+
+def _member(api: str, rm: Any) -> None:
+    if rm.coordinate is None:
+        raise MeshError(requires(api, "a rank that belongs to the mesh", "rank", rm.rank,
+                                 f"devices {rm.mesh.device_list.describe()}"), mesh=rm.mesh)
+
+
+def _groups(api: str, rm: Any, names: tuple[str, ...]) -> list[tuple[Any, int]]:
+    """``[(group, size)]``: the product group when cached, else one per axis (outermost first)."""
+    _member(api, rm)
+    if len(names) > 1 and rm.has_group(names):
+        return [(rm.group(names), math.prod(rm.axis_size(n) for n in names))]
+    return [(rm.group(n), rm.axis_size(n)) for n in names]
+
+
+# -- autograd functions over one group ----------------------------------------------------------
+
+
+def _all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
+    y = x.clone()
+    dist.all_reduce(y, group=group)
+    return y
+
+
+def _gather(x: torch.Tensor, group: Any, n: int, dim: int) -> torch.Tensor:
+    """Concatenate every member's ``x`` along ``dim``, in group-rank (= mesh) order."""
+    front = x.movedim(dim, 0).contiguous()
+    out = front.new_empty((n * front.shape[0], *front.shape[1:]))
+    dist.all_gather_single(out, front, group=group)
+    return out.movedim(0, dim)
+
+
+def _scatter(x: torch.Tensor, group: Any, n: int, dim: int) -> torch.Tensor:
+    """Sum over members, and keep this member's ``1/n`` slice of ``dim`` (mesh order)."""
+    front = x.movedim(dim, 0).contiguous()
+    out = front.new_empty((front.shape[0] // n, *front.shape[1:]))
+    dist.reduce_scatter_single(out, front, group=group)
+    return out.movedim(0, dim)
+
+
+def _exchange(x: torch.Tensor, group: Any, n: int, split_dim: int, concat_dim: int) -> torch.Tensor:
+    """Chunk ``i`` of ``split_dim`` goes to member ``i``; received chunks concatenate on ``concat_dim``."""
+    chunks = x.movedim(split_dim, 0)
+    chunks = chunks.reshape(n, chunks.shape[0] // n, *chunks.shape[1:]).contiguous()
+    out = torch.empty_like(chunks)
+    dist.all_to_all_single(out, chunks, group=group)
+    # out[j] is member j's chunk for us, still with split_dim in front
+    pieces = [out[j].movedim(0, split_dim) for j in range(n)]
+    return torch.cat(pieces, dim=concat_dim)
+
+
+class _Psum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        return _all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _Pvary(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce(grad, ctx.group), None
+
+
+class _AllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, n, dim):
+        ctx.group, ctx.n, ctx.dim = group, n, dim
+        return _gather(x, group, n, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _scatter(grad, ctx.group, ctx.n, ctx.dim), None, None, None
+
+
+class _PsumScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, n, dim):
+        ctx.group, ctx.n, ctx.dim = group, n, dim
+        return _scatter(x, group, n, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather(grad, ctx.group, ctx.n, ctx.dim), None, None, None
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, n, split_dim, concat_dim):
+        ctx.group, ctx.n, ctx.split_dim, ctx.concat_dim = group, n, split_dim, concat_dim
+        return _exchange(x, group, n, split_dim, concat_dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _exchange(grad, ctx.group, ctx.n, ctx.concat_dim, ctx.split_dim), None, None, None, None
+
+
+def _send_recv(x: torch.Tensor, members: list[int], me: int, pairs: list[tuple[int, int]]) -> torch.Tensor:
+    """Point to point on global ranks: send to ``d`` for each ``(me, d)``, receive from ``s`` for ``(s, me)``."""
+    out = torch.zeros_like(x)
+    ops = []
+    src = x.contiguous()
+    for s, d in pairs:
+        if s == me and d == me:
+            out = src.clone()
+        elif s == me:
+            ops.append(dist.P2POp(dist.isend, src, members[d]))
+        elif d == me:
+            ops.append(dist.P2POp(dist.irecv, out, members[s]))
+    if ops:
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+    return out
+
+
+class _Ppermute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, members, me, pairs):
+        ctx.members, ctx.me, ctx.pairs = members, me, pairs
+        return _send_recv(x, members, me, pairs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        inverse = [(d, s) for s, d in ctx.pairs]
+        return _send_recv(grad, ctx.members, ctx.me, inverse), None, None, None
+
+
+# -- public API ----------------------------------------------------------------------------------
+
+
+def _dim(api: str, x: torch.Tensor, dim: int, name: str = "dim") -> int:
+    d = check_int(api, name, dim)
+    if not -x.ndim <= d < max(x.ndim, 1):
+        raise MeshError(requires(api, f"a dim of the {x.ndim}-d tensor", name, d, f"{-x.ndim}..{x.ndim - 1}"))
+    return d % max(x.ndim, 1)
+
+
+def _tensor(api: str, x: object) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(requires(api, "a torch.Tensor", "x", x))
+    return x
+
+
+def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: Any = None) -> torch.Tensor:
+    """Sum ``x`` over ``axis``; backward is the identity (the result is replicated over ``axis``)."""
+    rm = _realized("psum", mesh)
+    x = _tensor("psum", x)
+    for group, _ in _groups("psum", rm, _axes("psum", rm, axis)):
+        x = _Psum.apply(x, group)
+    return x
+
+
+def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: Any = None) -> torch.Tensor:
+    """Mean of ``x`` over ``axis``: ``psum(x) / n``."""
+    rm = _realized("pmean", mesh)
+    return psum(x, axis, mesh=rm) / axis_size(axis, mesh=rm)
+
+
+def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: Any = None) -> torch.Tensor:
+    """Identity forward, ``psum`` backward: mark a replicated value entering ``axis``-varying compute."""
+    rm = _realized("pvary", mesh)
+    x = _tensor("pvary", x)
+    for group, _ in _groups("pvary", rm, _axes("pvary", rm, axis)):
+        x = _Pvary.apply(x, group)
+    return x
+
+
+def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tiled: bool = True,
+               mesh: Any = None) -> torch.Tensor:
+    """Every member's ``x`` along ``dim`` in mesh order: concatenated (``tiled``) or stacked at ``dim``."""
+    rm = _realized("all_gather", mesh)
+    x = _tensor("all_gather", x)
+    groups = _groups("all_gather", rm, _axes("all_gather", rm, axis))
+    if not tiled:
+        x = x.unsqueeze(_dim("all_gather", x.unsqueeze(0), dim))
+    d = _dim("all_gather", x, dim)
+    for group, n in reversed(groups):  # innermost axis first: the outermost ends up major
+        x = _AllGather.apply(x, group, n, d)
+    return x
+
+
+def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tiled: bool = True,
+                 mesh: Any = None) -> torch.Tensor:
+    """Sum over ``axis`` and keep this member's block of ``dim`` (mesh order); untiled drops ``dim``."""
+    rm = _realized("psum_scatter", mesh)
+    x = _tensor("psum_scatter", x)
+    names = _axes("psum_scatter", rm, axis)
+    groups = _groups("psum_scatter", rm, names)
+    d = _dim("psum_scatter", x, dim)
+    n = math.prod(size for _, size in groups)
+    if (x.shape[d] != n) if not tiled else (x.shape[d] % n):
+        rule = f"dim {d} of size {n} (tiled=False)" if not tiled else f"dim {d} divisible by {n}"
+        raise MeshError(requires("psum_scatter", rule, f"x.shape[{d}]", x.shape[d]), mesh=rm.mesh)
+    for group, size in groups:  # outermost axis first
+        x = _PsumScatter.apply(x, group, size, d)
+    return x if tiled else x.squeeze(d)
+
+
+def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, concat_dim: int, *,
+               tiled: bool = True, mesh: Any = None) -> torch.Tensor:
+    """Split ``split_dim`` into one block per member, send block ``i`` to member ``i``, and
+    concatenate what arrives along ``concat_dim`` (mesh order). Untiled: ``split_dim`` must have
+    size ``n`` and is removed; a new ``concat_dim`` of size ``n`` stacks the arrivals."""
+    rm = _realized("all_to_all", mesh)
+    x = _tensor("all_to_all", x)
+    names = _axes("all_to_all", rm, axis)
+    groups = _groups("all_to_all", rm, names)
+    if len(groups) > 1:
+        raise MeshError(requires("all_to_all", "one axis, or a tuple whose product group was realized", "axis",
+                                 names) + f"; pass products=[{names!r}] to realize", mesh=rm.mesh)
+    (group, n), = groups
+    s, c = _dim("all_to_all", x, split_dim, "split_dim"), _dim("all_to_all", x, concat_dim, "concat_dim")
+    if not tiled:
+        if x.shape[s] != n:
+            raise MeshError(requires("all_to_all", f"split_dim of size {n} (tiled=False)", f"x.shape[{s}]",
+                                     x.shape[s]), mesh=rm.mesh)
+        return all_to_all(x.unsqueeze(c if c <= s else c + 1), names, s + (c <= s), c, mesh=rm).squeeze(
+            s + (c <= s))
+    if x.shape[s] % n:
+        raise MeshError(requires("all_to_all", f"split_dim divisible by {n}", f"x.shape[{s}]", x.shape[s]),
+                        mesh=rm.mesh)
+    return _AllToAll.apply(x, group, n, s, c)
+
+
+def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int]], *,
+             mesh: Any = None) -> torch.Tensor:
+    """Send ``x`` from axis index ``s`` to ``d`` for each ``(s, d)`` in ``perm``; ranks that
+    receive nothing get zeros. Backward sends gradients along the inverse permutation."""
+    rm = _realized("ppermute", mesh)
+    x = _tensor("ppermute", x)
+    names = _axes("ppermute", rm, axis)
+    _member("ppermute", rm)
+    n = axis_size(names, mesh=rm)
+    pairs = []
+    for pair in perm:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(requires("ppermute", "(source, destination) pairs", "pair", pair))
+        s, d = (check_int("ppermute", "axis index", v) for v in pair)
+        if not (0 <= s < n and 0 <= d < n):
+            raise MeshError(requires("ppermute", f"axis indices in 0..{n - 1}", "pair", (s, d)), mesh=rm.mesh)
+        pairs.append((s, d))
+    for what, ends in (("source", [s for s, _ in pairs]), ("destination", [d for _, d in pairs])):
+        if len(set(ends)) != len(ends):
+            raise MeshError(requires("ppermute", f"each {what} at most once (a permutation)", "perm", tuple(pairs)),
+                            mesh=rm.mesh)
+    members = rm.mesh[names].group_of(rm.rank).reshape(-1).tolist()
+    return _Ppermute.apply(x, members, axis_index(names, mesh=rm), pairs)
+
+
+def axis_index(axis: str | Sequence[str], *, mesh: Any = None) -> int:
+    """This rank's index along ``axis`` (a tuple: row-major, first axis major). No communication."""
+    rm = _realized("axis_index", mesh)
+    names = _axes("axis_index", rm, axis)
+    _member("axis_index", rm)
+    index = 0
+    for name in names:
+        index = index * rm.axis_size(name) + rm.local_rank(name)
+    return index
+
+
+def axis_size(axis: str | Sequence[str], *, mesh: Any = None) -> int:
+    """The size of ``axis`` (a tuple: the product). No communication."""
+    rm = _realized("axis_size", mesh)
+    return math.prod(rm.axis_size(n) for n in _axes("axis_size", rm, axis))
