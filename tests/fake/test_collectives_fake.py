@@ -1,0 +1,79 @@
+"""Collectives' arguments and the communication-free queries, under the fake backend.
+
+Values of real collectives are tested on gloo (tests/dist/); fake collectives carry no data.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.testing._internal.distributed.fake_pg  # noqa: F401
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+import functional_mesh as fm
+
+MESH = fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))
+
+
+@pytest.fixture
+def rm():
+    dist.init_process_group("fake", rank=6, world_size=8, store=FakeStore())
+    try:
+        yield fm.realize(MESH)
+    finally:
+        fm.clear_cache()
+        dist.destroy_process_group()
+
+
+def test_axis_index_and_size_follow_mesh_order_first_axis_major(rm):
+    # rank 6 has coordinate (1, 1, 0) on (dp, cp, tp)
+    assert [fm.axis_index(a, mesh=rm) for a in ("dp", "cp", "tp")] == [1, 1, 0]
+    assert fm.axis_index(("dp", "cp"), mesh=rm) == 1 * 2 + 1
+    assert fm.axis_index(("cp", "tp", "dp"), mesh=rm) == (1 * 2 + 0) * 2 + 1
+    assert fm.axis_size(("dp", "tp"), mesh=rm) == 4
+    with rm:
+        assert fm.axis_index("dp") == 1 and isinstance(fm.axis_size("tp"), int)
+
+
+def test_mesh_argument_errors(rm):
+    x = torch.ones(4)
+    with pytest.raises(TypeError, match=r"`psum` requires a RealizedMesh, but got the pure mesh .*call fm.realize"):
+        fm.psum(x, "tp", mesh=MESH)
+    with pytest.raises(fm.MeshError, match=r"`all_gather` requires mesh=<RealizedMesh> or an enclosing `with rm:`"):
+        fm.all_gather(x, "tp")
+    with pytest.raises(KeyError, match=r"did you mean 'tp'"):
+        fm.psum(x, "tpp", mesh=rm)
+    with pytest.raises(fm.MeshError, match=r"distinct axis names"):
+        fm.psum(x, ("tp", "tp"), mesh=rm)
+    with pytest.raises(TypeError, match=r"`psum` requires a torch.Tensor, but got x=\[1\]"):
+        fm.psum([1], "tp", mesh=rm)
+
+
+def test_shape_and_permutation_errors(rm):
+    with pytest.raises(fm.MeshError, match=r"dim 0 divisible by 4, but got x.shape\[0\]=6"):
+        fm.psum_scatter(torch.ones(6), ("dp", "tp"), mesh=rm)
+    with pytest.raises(fm.MeshError, match=r"dim 0 of size 2 \(tiled=False\), but got x.shape\[0\]=4"):
+        fm.psum_scatter(torch.ones(4), "tp", tiled=False, mesh=rm)
+    with pytest.raises(fm.MeshError, match=r"pass products=\[\('dp', 'tp'\)\] to realize"):
+        fm.all_to_all(torch.ones(4), ("dp", "tp"), 0, 0, mesh=rm)
+    with pytest.raises(fm.MeshError, match=r"a dim of the 1-d tensor, but got dim=3"):
+        fm.all_gather(torch.ones(4), "tp", dim=3, mesh=rm)
+    with pytest.raises(fm.MeshError, match=r"axis indices in 0\.\.1, but got pair=\(0, 2\)"):
+        fm.ppermute(torch.ones(1), "tp", [(0, 2)], mesh=rm)
+    with pytest.raises(fm.MeshError, match=r"each destination at most once"):
+        fm.ppermute(torch.ones(1), "tp", [(0, 1), (1, 1)], mesh=rm)
+    with pytest.raises(TypeError, match=r"\(source, destination\) pairs, but got pair=3"):
+        fm.ppermute(torch.ones(1), "tp", [3], mesh=rm)
+
+
+def test_ranks_outside_the_mesh_get_a_clear_error():
+    dist.init_process_group("fake", rank=1, world_size=8, store=FakeStore())
+    try:
+        rm = fm.realize(fm.make_mesh((2, 2), ("dp", "tp"), devices=range(4, 8)))
+        with pytest.raises(fm.MeshError, match=r"a rank that belongs to the mesh, but got rank=1; valid: devices 4\.\.7"):
+            fm.psum(torch.ones(1), "tp", mesh=rm)
+        assert fm.distribute(torch.ones(4), fm.NamedSharding(rm.mesh, fm.P("tp")), mesh=rm) is None
+    finally:
+        fm.clear_cache()
+        dist.destroy_process_group()
