@@ -30,6 +30,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_transforms.py
 	$(PY) benchmarks/bench_realize.py
+	$(PY) benchmarks/bench_collectives.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
