@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from .errors import MeshError, check_int, requires
 from .interop import _realized
-from .mesh import _name_tuple
+from .mesh import _check_unique, _name_tuple
 
 __all__ = ["all_gather", "all_to_all", "axis_index", "axis_size", "pmean", "ppermute", "psum", "psum_scatter",
            "pvary"]
@@ -40,7 +40,9 @@ def _axes(api: str, rm: Any, axis: str | Sequence[str]) -> tuple[str, ...]:
     names = _name_tuple(api, tuple(axis) if isinstance(axis, list) else axis, "axis")
     if not names:
         raise MeshError(requires(api, "at least one axis", "axis", names, rm.mesh.axis_names), mesh=rm.mesh)
-    rm.mesh[names]  # validates: known (did you mean), distinct
+    for name in names:
+        rm.mesh.axis_index_of(name, api)  # unknown axis: an error with "did you mean"
+    _check_unique(api, names, "axis")
     return names
 
 
