@@ -1,0 +1,62 @@
+"""The collective examples run once each, on 8 CPU workers (gloo), and print their key line.
+
+Modelled on tests/test_examples_dist.py: one fresh world-8 torchrun launch per example (DESIGN.md
+§9); the examples assert their results on every rank, so exit code 0 means they held. GPUs are
+hidden so the launch is the same gloo run on every machine.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+NPROC = 8
+RUN_TIMEOUT_S = 120
+
+# (script, arguments, lines that must appear in rank 0's output)
+CASES = [
+    ("tp_mlp.py", [], ["loss and gradients match to 1e-05 on every rank"]),
+    ("ddp_axis.py", [], ["ddp over dp matches the single-process run to 1e-05"]),
+    ("pipeline_ring.py", [], ["pipeline ring matches the single-process composition to 1e-05"]),
+]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(script: str, args: list[str]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={NPROC}",
+           "--master_addr=127.0.0.1", f"--master_port={_free_port()}", str(EXAMPLES / script), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    # A new session, so a timeout can end torchrun together with its workers.
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{script} did not finish within {RUN_TIMEOUT_S} s\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.parametrize(("script", "args", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_example_runs_with_torchrun(script: str, args: list[str], expected: list[str]) -> None:
+    result = _torchrun(script, args)
+    assert result.returncode == 0, (
+        f"{script} exited with {result.returncode}\nstdout:\n{result.stdout[-3000:]}\n"
+        f"stderr:\n{result.stderr[-5000:]}")
+    for line in expected:
+        assert line in result.stdout, f"{script}: {line!r} not in its output:\n{result.stdout}"
