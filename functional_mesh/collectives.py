@@ -269,8 +269,10 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
         if x.shape[s] != n:
             raise MeshError(requires("all_to_all", f"split_dim of size {n} (tiled=False)", f"x.shape[{s}]",
                                      x.shape[s]), mesh=rm.mesh)
-        return all_to_all(x.unsqueeze(c if c <= s else c + 1), names, s + (c <= s), c, mesh=rm).squeeze(
-            s + (c <= s))
+        # stack at output position c: insert the new axis so that it lands at c once the
+        # (size-1) split axis is squeezed away
+        q, s_y = (c, s + 1) if c <= s else (c + 1, s)
+        return all_to_all(x.unsqueeze(q), names, s_y, q, mesh=rm).squeeze(s_y)
     if x.shape[s] % n:
         raise MeshError(requires("all_to_all", f"split_dim divisible by {n}", f"x.shape[{s}]", x.shape[s]),
                         mesh=rm.mesh)

@@ -1,0 +1,330 @@
+"""Collectives by axis name on real gloo workers (world 8): values, mesh order, tuples, autograd, errors.
+
+The spec is the PURE mesh: for an axis (a name, or a tuple = the product, first name major)
+the members of this rank's group, in mesh order, are ``mesh[axis].flatten().group_of(rank)``
+and this rank's index is its coordinate there. Every rank's input is a known function of its
+global rank, so each worker computes what every collective must return (and what every
+gradient must be, from the autograd rule of DESIGN.md §3) with plain torch from those members,
+never from the code under test. Each check returns a list of mismatches; the parent asserts
+it is empty on every rank.
+
+Each mesh is realized twice: with ``products=`` for every tuple (the product-group path) and
+without (the composed, axis-by-axis path).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import functional_mesh as fm
+from functional_mesh import Mesh, make_mesh
+from tests.dist._pool import pool_fixture
+
+w8 = pool_fixture(8)
+
+if multiprocessing.parent_process() is not None:
+    fm.realize  # noqa: B018 - see test_realize_gloo.py: touch fm.realize first in a worker
+
+GROUP_TIMEOUT = 20
+CHECK_S = 10
+
+NAMES = ("dp", "cp", "tp")
+MESHES = {
+    "iota": make_mesh((2, 2, 2), NAMES),
+    "permuted": Mesh.from_ranks(np.array([5, 1, 7, 3, 4, 0, 6, 2]).reshape(2, 2, 2), NAMES),
+}
+TUPLES = [("dp", "cp"), ("tp", "dp"), ("cp", "tp"), ("dp", "cp", "tp"), ("tp", "cp", "dp")]
+AXES = ["dp", "cp", "tp", *TUPLES]
+
+
+def realize(mesh: Mesh, products: bool):
+    return fm.realize(mesh, timeout=GROUP_TIMEOUT, check=CHECK_S, products=TUPLES if products else ())
+
+
+# -- the pure spec -------------------------------------------------------------------------------
+
+
+def members_of(mesh: Mesh, axis, rank: int) -> tuple[list[int], int]:
+    """This rank's group of ``axis`` (global ranks, mesh order) and its index in it."""
+    fam = mesh[axis] if isinstance(axis, str) else mesh[axis].flatten(name="product")
+    members = fam.group_of(rank).reshape(-1).tolist()
+    (index,) = fam.coordinate(rank)
+    assert members[index] == rank
+    return members, index
+
+
+def X(rank: int, shape=(8, 8)) -> torch.Tensor:
+    """Rank ``rank``'s input: distinct per rank and element, exact in float64."""
+    n = int(np.prod(shape))
+    return (torch.arange(n, dtype=torch.float64).reshape(shape) * 3 + 1000 * (rank + 1)).contiguous()
+
+
+def G(rank: int, shape) -> torch.Tensor:
+    """Rank ``rank``'s upstream gradient (differs per rank and element)."""
+    n = int(np.prod(shape))
+    return torch.arange(n, dtype=torch.float64).reshape(shape) % 7 + 10 * (rank + 1)
+
+
+def chunk(t: torch.Tensor, n: int, dim: int, i: int) -> torch.Tensor:
+    return t.chunk(n, dim)[i]
+
+
+class Mismatches(list):
+    def eq(self, what, got, want):
+        if not isinstance(got, torch.Tensor):
+            if got != want:
+                self.append(f"{what}: got {got!r}, want {want!r}")
+        elif got.shape != want.shape or not torch.equal(got.to(want.dtype), want):
+            self.append(f"{what}: got shape {tuple(got.shape)} {got.flatten()[:6].tolist()}, "
+                        f"want shape {tuple(want.shape)} {want.flatten()[:6].tolist()}")
+
+
+def grad_of(fn, x: torch.Tensor, upstream) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fn(x), d sum(fn(x) * upstream(out.shape)) / dx)."""
+    x = x.clone().requires_grad_(True)
+    y = fn(x)
+    (y * upstream(tuple(y.shape))).sum().backward()
+    return y.detach(), x.grad
+
+
+# -- forward values ------------------------------------------------------------------------------
+
+
+def forward_values(mesh: Mesh, products: bool) -> list[str]:
+    rm = realize(mesh, products)
+    r = rm.rank
+    bad = Mismatches()
+    for axis in AXES:
+        mem, i = members_of(mesh, axis, r)
+        n = len(mem)
+        if isinstance(axis, tuple):
+            bad.eq(f"{axis} product path", rm.has_group(axis), products)
+        bad.eq(f"axis_index {axis}", fm.axis_index(axis, mesh=rm), i)
+        bad.eq(f"axis_size {axis}", fm.axis_size(axis, mesh=rm), n)
+        x = X(r)
+        total = sum(X(m) for m in mem)
+        bad.eq(f"psum {axis}", fm.psum(x, axis, mesh=rm), total)
+        bad.eq(f"pmean {axis}", fm.pmean(x, axis, mesh=rm), total / n)
+        bad.eq(f"pvary {axis}", fm.pvary(x, axis, mesh=rm), x)
+        x3 = X(r, (2, 3, 4))
+        for d in (0, 1, 2, -1):
+            bad.eq(f"all_gather {axis} dim={d}", fm.all_gather(x3, axis, dim=d, mesh=rm),
+                   torch.cat([X(m, (2, 3, 4)) for m in mem], d))
+            bad.eq(f"all_gather untiled {axis} dim={d}", fm.all_gather(x3, axis, dim=d, tiled=False, mesh=rm),
+                   torch.stack([X(m, (2, 3, 4)) for m in mem], d))
+        for d in (0, 1):
+            shape = (8, 16) if d == 0 else (3, 16)
+            tot = sum(X(m, shape) for m in mem)
+            bad.eq(f"psum_scatter {axis} dim={d}", fm.psum_scatter(X(r, shape), axis, dim=d, mesh=rm),
+                   chunk(tot, n, d, i))
+            ushape = (n, 5) if d == 0 else (3, n)
+            utot = sum(X(m, ushape) for m in mem)
+            bad.eq(f"psum_scatter untiled {axis} dim={d}",
+                   fm.psum_scatter(X(r, ushape), axis, dim=d, tiled=False, mesh=rm), utot.select(d, i))
+        ring = [(k, (k + 1) % n) for k in range(n)]
+        bad.eq(f"ppermute ring {axis}", fm.ppermute(x, axis, ring, mesh=rm), X(mem[(i - 1) % n]))
+        shift = [(k, k + 1) for k in range(n - 1)]  # no wrap: index 0 receives nothing
+        bad.eq(f"ppermute shift {axis}", fm.ppermute(x, axis, shift, mesh=rm),
+               torch.zeros_like(x) if i == 0 else X(mem[i - 1]))
+        back = [(n - 1, 0)]  # only index 0 receives
+        bad.eq(f"ppermute one pair {axis}", fm.ppermute(x, axis, back, mesh=rm),
+               X(mem[n - 1]) if i == 0 else torch.zeros_like(x))
+        if isinstance(axis, str) or products:
+            for s, c in ((0, 1), (1, 0), (0, 0), (2, 1)):
+                shape = (8, 8, 8)
+                want = torch.cat([chunk(X(m, shape), n, s, i) for m in mem], c)
+                bad.eq(f"all_to_all {axis} split={s} concat={c}",
+                       fm.all_to_all(X(r, shape), axis, s, c, mesh=rm), want)
+    return bad
+
+
+def all_to_all_untiled(mesh: Mesh, products: bool) -> list[str]:
+    """JAX's untiled all_to_all: split_dim (size n) removed, arrivals stacked as a new concat_dim
+    (shape ``np.insert(np.delete(x.shape, split), concat, n)``); arrival ``j`` is member ``j``'s
+    slice ``i`` of split_dim."""
+    rm = realize(mesh, products)
+    r = rm.rank
+    bad = Mismatches()
+    for axis in ["tp", ("dp", "cp")] if products else ["tp", "cp"]:
+        mem, i = members_of(mesh, axis, r)
+        n = len(mem)
+        for s, c in ((2, 0), (0, 1), (1, 2), (0, 2)):
+            shape = [3, 5, 6]
+            shape[s] = n
+            xs = [X(m, tuple(shape)) for m in mem]
+            want = torch.stack([t.select(s, i) for t in xs], c)
+            try:
+                got = fm.all_to_all(X(r, tuple(shape)), axis, s, c, tiled=False, mesh=rm)
+            except Exception as e:  # noqa: BLE001
+                bad.append(f"all_to_all untiled {axis} split={s} concat={c}: raised {e!r}")
+                continue
+            bad.eq(f"all_to_all untiled {axis} split={s} concat={c}", got, want)
+    return bad
+
+
+# -- autograd --------------------------------------------------------------------------------------
+
+
+def gradients(mesh: Mesh, products: bool) -> list[str]:
+    rm = realize(mesh, products)
+    r = rm.rank
+    bad = Mismatches()
+    for axis in AXES:
+        mem, i = members_of(mesh, axis, r)
+        n = len(mem)
+
+        def up(shape, rank=r):
+            return G(rank, shape)
+
+        x = X(r, (4, 8))
+        _, g = grad_of(lambda t, axis=axis: fm.psum(t, axis, mesh=rm), x, up)
+        bad.eq(f"psum grad {axis}", g, G(r, (4, 8)))  # identity
+        _, g = grad_of(lambda t, axis=axis: fm.pmean(t, axis, mesh=rm), x, up)
+        bad.eq(f"pmean grad {axis}", g, G(r, (4, 8)) / n)
+        _, g = grad_of(lambda t, axis=axis: fm.pvary(t, axis, mesh=rm), x, up)
+        bad.eq(f"pvary grad {axis}", g, sum(G(m, (4, 8)) for m in mem))  # psum of upstream
+        for d in (0, 1):
+            gshape = (4 * n, 8) if d == 0 else (4, 8 * n)
+            _, g = grad_of(lambda t, axis=axis, d=d: fm.all_gather(t, axis, dim=d, mesh=rm), x, up)
+            bad.eq(f"all_gather grad {axis} dim={d}", g,  # psum_scatter of upstream
+                   sum(chunk(G(m, gshape), n, d, i) for m in mem))
+            ushape = (n, 4, 8) if d == 0 else (4, n, 8)
+            _, g = grad_of(lambda t, axis=axis, d=d: fm.all_gather(t, axis, dim=d, tiled=False, mesh=rm), x, up)
+            bad.eq(f"all_gather untiled grad {axis} dim={d}", g, sum(G(m, ushape).select(d, i) for m in mem))
+            shape = (8, 16)
+            oshape = (8 // n, 16) if d == 0 else (8, 16 // n)
+            _, g = grad_of(lambda t, axis=axis, d=d: fm.psum_scatter(t, axis, dim=d, mesh=rm), X(r, shape), up)
+            bad.eq(f"psum_scatter grad {axis} dim={d}", g,  # all_gather of upstream
+                   torch.cat([G(m, oshape) for m in mem], d))
+        pairs = {"ring": [(k, (k + 1) % n) for k in range(n)], "shift": [(k, k + 1) for k in range(n - 1)]}
+        for name, perm in pairs.items():
+            dest = dict(perm)
+            _, g = grad_of(lambda t, axis=axis, perm=perm: fm.ppermute(t, axis, perm, mesh=rm), x, up)
+            bad.eq(f"ppermute {name} grad {axis}", g,  # inverse permutation; a non-source gets zeros
+                   G(mem[dest[i]], (4, 8)) if i in dest else torch.zeros(4, 8, dtype=torch.float64))
+        if isinstance(axis, str) or products:
+            for s, c in ((0, 1), (1, 0), (0, 0)):
+                shape = (8, 8)
+                y, g = grad_of(lambda t, axis=axis, s=s, c=c: fm.all_to_all(t, axis, s, c, mesh=rm), X(r, shape), up)
+                yshape = tuple(y.shape)
+                # x's s-chunk k went to member k, landing as its c-chunk i: the inverse all_to_all
+                bad.eq(f"all_to_all grad {axis} split={s} concat={c}", g,
+                       torch.cat([chunk(G(m, yshape), n, c, i) for m in mem], s))
+    return bad
+
+
+def composed_chain(mesh: Mesh) -> list[str]:
+    """pvary -> all_gather -> psum_scatter -> psum over different axes, one backward pass."""
+    rm = realize(mesh, False)
+    r = rm.rank
+    bad = Mismatches()
+    tp, _ = members_of(mesh, "tp", r)
+    n = len(tp)
+    dc, _ = members_of(mesh, ("dp", "cp"), r)
+    x = X(r, (2, 4)).requires_grad_(True)
+    y = fm.pvary(x, ("dp", "cp"), mesh=rm)
+    z = fm.all_gather(y, "tp", mesh=rm)  # (2n, 4), the same on every tp member
+    w = fm.psum_scatter(z, "tp", mesh=rm)  # the sum of n equal copies, my tp-chunk: n * x
+    (w * G(r, (2, 4))).sum().backward()
+    bad.eq("chain value", w.detach(), n * X(r, (2, 4)))
+    # backward: psum_scatter^T = all_gather over tp gives cat(G(m) for m in tp) on every member;
+    # all_gather^T = psum_scatter over tp of those n equal tensors: n * G(q) on rank q;
+    # pvary^T = psum over (dp, cp).
+    bad.eq("chain grad", x.grad, sum(n * G(q, (2, 4)) for q in dc))
+    return bad
+
+
+@pytest.mark.parametrize("products", [True, False], ids=["products", "composed"])
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_forward_values(w8, mesh_name, products):
+    results = w8.run(forward_values, MESHES[mesh_name], products)
+    assert results == [[]] * 8, "\n".join(f"rank {r}: {m}" for r, ms in enumerate(results) for m in ms[:10])
+
+
+@pytest.mark.parametrize("products", [True, False], ids=["products", "composed"])
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_gradients_follow_the_autograd_rules(w8, mesh_name, products):
+    results = w8.run(gradients, MESHES[mesh_name], products)
+    assert results == [[]] * 8, "\n".join(f"rank {r}: {m}" for r, ms in enumerate(results) for m in ms[:10])
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_a_chain_of_collectives_backpropagates(w8, mesh_name):
+    results = w8.run(composed_chain, MESHES[mesh_name])
+    assert results == [[]] * 8, "\n".join(f"rank {r}: {m}" for r, ms in enumerate(results) for m in ms[:10])
+
+
+@pytest.mark.parametrize("products", [True, False], ids=["products", "composed"])
+def test_all_to_all_untiled_follows_jax(w8, products):
+    results = w8.run(all_to_all_untiled, MESHES["permuted"], products)
+    assert results == [[]] * 8, "\n".join(f"rank {r}: {m}" for r, ms in enumerate(results) for m in ms[:10])
+
+
+# -- the current mesh and errors ----------------------------------------------------------------------
+
+
+def with_current(mesh: Mesh) -> list[str]:
+    rm = realize(mesh, False)
+    bad = Mismatches()
+    mem, i = members_of(mesh, ("tp", "dp"), rm.rank)
+    with rm:
+        bad.eq("psum in with", fm.psum(X(rm.rank), ("tp", "dp")), sum(X(m) for m in mem))
+        bad.eq("axis_index in with", fm.axis_index(("tp", "dp")), i)
+        with rm["cp"]:  # the innermost `with` wins
+            cmem, ci = members_of(mesh, "cp", rm.rank)
+            bad.eq("nested with", fm.all_gather(X(rm.rank), "cp"), torch.cat([X(m) for m in cmem]))
+            bad.eq("nested axis_index", fm.axis_index("cp"), ci)
+    return bad
+
+
+def test_the_current_mesh_serves_axis_names(w8):
+    results = w8.run(with_current, MESHES["permuted"])
+    assert results == [[]] * 8
+
+
+def error_cases(mesh: Mesh) -> dict:
+    rm = realize(mesh, False)
+    x = X(rm.rank)
+    calls = {
+        "pure": lambda: fm.psum(x, "tp", mesh=mesh),
+        "pure_all_gather": lambda: fm.all_gather(x, "tp", mesh=mesh),
+        "pure_axis_index": lambda: fm.axis_index("tp", mesh=mesh),
+        "none": lambda: fm.psum(x, "tp"),
+        "none_ppermute": lambda: fm.ppermute(x, "tp", [(0, 1)]),
+        "none_axis_size": lambda: fm.axis_size("tp"),
+        "unknown": lambda: fm.psum(x, "tq", mesh=rm),
+        "unknown_in_tuple": lambda: fm.all_gather(x, ("dp", "tq"), mesh=rm),
+        "unknown_axis_index": lambda: fm.axis_index("cpp", mesh=rm),
+        "a2a_tuple": lambda: fm.all_to_all(X(rm.rank, (8, 8)), ("dp", "cp"), 0, 1, mesh=rm),
+    }
+    out = {}
+    for name, call in calls.items():
+        try:
+            call()
+            out[name] = None
+        except Exception as e:  # noqa: BLE001
+            out[name] = (type(e).__name__, isinstance(e, fm.MeshError), str(e))
+    # the world is still in step: a collective works after the errors
+    out["after"] = fm.psum(torch.ones(1), "tp", mesh=rm).item()
+    return out
+
+
+def test_errors(w8):
+    for rank, res in enumerate(w8.run(error_cases, MESHES["permuted"])):
+        for name in ("pure", "pure_all_gather", "pure_axis_index"):
+            assert res[name] is not None and res[name][0] == "TypeError", (rank, name, res[name])
+            assert re.search(r"realize", res[name][2]), res[name]
+        for name in ("none", "none_ppermute", "none_axis_size"):
+            assert res[name] is not None and res[name][1], (rank, name, res[name])
+            assert re.search(r"with rm", res[name][2]), res[name]
+        for name, guess in (("unknown", "tp"), ("unknown_in_tuple", "tp"), ("unknown_axis_index", "cp")):
+            assert res[name] is not None and res[name][1], (rank, name, res[name])
+            assert re.search(rf"did you mean '{guess}'", res[name][2]), res[name]
+        assert res["a2a_tuple"] is not None and res["a2a_tuple"][1], res["a2a_tuple"]
+        assert re.search(r"pass products=", res["a2a_tuple"][2]), res["a2a_tuple"]
+        assert res["after"] == 2.0
