@@ -29,6 +29,9 @@ CASES = [
     ("parallel_dims.py", [], ["(cache hits only, no new groups)",
                               "11 axes ask for 46 group rows; realize created 22 distinct groups"]),
     ("train_3d.py", [], ["losses match to 1e-05 at every step; final weights match", "dp_replicate x dp_shard"]),
+    ("tp_mlp.py", [], ["loss and gradients match to 1e-05 on every rank"]),
+    ("ddp_axis.py", [], ["ddp over dp matches the single-process run to 1e-05"]),
+    ("pipeline_ring.py", [], ["pipeline ring matches the single-process composition to 1e-05"]),
 ]
 
 
