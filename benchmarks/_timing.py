@@ -377,3 +377,58 @@ def bench_parser(doc: str, docs_path: str, quick_help: str, runs_help: str) -> a
 def run_settings(args: argparse.Namespace) -> tuple[int, float]:
     """``(runs, target_ms)`` from the shared options: 7 runs of ~20 ms, or 3 of ~5 ms with --quick."""
     return args.runs or (3 if args.quick else 7), args.target_ms or (5.0 if args.quick else 20.0)
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (for a gloo pool's rendezvous)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def last_json(text: str) -> dict[str, Any]:
+    """The JSON object on the last line a worker printed."""
+    import json
+
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def run_gloo_pool(script: str | Path, world: int, worker_args: Sequence[str], timeout_s: float,
+                  cwd: str | Path) -> dict[str, Any]:
+    """Start ``world`` worker processes of ``script`` (``--_worker ... --_world W --_rank r
+    --_port p`` plus ``worker_args``) on 127.0.0.1 and collect each rank's last-line JSON.
+
+    Returns ``{"ranks": [...], "wall_s": ...}`` or ``{"error": ...}``; a pool that outlives
+    ``timeout_s`` is killed (only our own workers, by handle).
+    """
+    import os
+    import subprocess
+    import sys
+
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, str(script), "--_world", str(world), "--_rank", str(rank),
+                               "--_port", str(port), *worker_args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+             for rank in range(world)]
+    results, errors = [], []
+    deadline = time.monotonic() + timeout_s
+    for rank, p in enumerate(procs):
+        try:
+            stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                if q.poll() is None:
+                    q.kill()
+            return {"error": f"not run: gloo pool timed out after {timeout_s} s"}
+        if p.returncode != 0:
+            tail = (stderr.strip().splitlines() or ["?"])[-1]
+            errors.append(f"rank {rank} exited with {p.returncode} ({tail[:200]})")
+        else:
+            results.append(last_json(stdout))
+    if errors:
+        return {"error": "not run: " + "; ".join(errors)}
+    return {"ranks": results, "wall_s": time.perf_counter() - t0}

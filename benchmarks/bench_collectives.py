@@ -30,9 +30,7 @@ import argparse
 import gc
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -116,45 +114,10 @@ def worker(world: int, rank: int, port: int, reps: int, warmup: int) -> dict[str
 # -- driver --------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _last_json(text: str) -> dict[str, Any]:
-    return json.loads(text.strip().splitlines()[-1])
-
-
 def run_pool(world: int, reps: int, warmup: int) -> dict[str, Any]:
     """A pool of ``world`` gloo processes on 127.0.0.1; the per-rank results."""
-    port = _free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = []
-    t0 = time.perf_counter()
-    for rank in range(world):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker", "gloo", "--_world", str(world),
-               "--_rank", str(rank), "--_port", str(port), "--reps", str(reps), "--warmup", str(warmup)]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                      cwd=REPO))
-    results, errors = [], []
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    for rank, p in enumerate(procs):
-        try:
-            stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:  # only our own workers, by handle
-                if q.poll() is None:
-                    q.kill()
-            return {"error": f"not run: gloo pool timed out after {WORKER_TIMEOUT_S} s"}
-        if p.returncode != 0:
-            tail = (stderr.strip().splitlines() or ["?"])[-1]
-            errors.append(f"rank {rank} exited with {p.returncode} ({tail[:200]})")
-        else:
-            results.append(_last_json(stdout))
-    if errors:
-        return {"error": "not run: " + "; ".join(errors)}
-    return {"ranks": results, "wall_s": time.perf_counter() - t0}
+    return T.run_gloo_pool(Path(__file__).resolve(), world,
+                           ["--_worker", "gloo", "--reps", str(reps), "--warmup", str(warmup)], WORKER_TIMEOUT_S, REPO)
 
 
 def summarize(world: int, pool: dict[str, Any]) -> list[dict[str, Any]]:

@@ -45,7 +45,6 @@ import argparse
 import json
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -379,16 +378,6 @@ def worker_gloo(side: str, world: int, rank: int, port: int, reps: int, check_ca
     return out
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _last_json(text: str) -> dict[str, Any]:
-    return json.loads(text.strip().splitlines()[-1])
-
-
 def run_fake(side: str, world: int, reps: int, runs: int, target_ms: float, extra: bool) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker", f"fake-{side}", "--_world", str(world),
            "--reps", str(reps), "--runs", str(runs), "--target-ms", str(target_ms)] + (["--_extra"] if extra else [])
@@ -401,41 +390,16 @@ def run_fake(side: str, world: int, reps: int, runs: int, target_ms: float, extr
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
         return {"error": f"not run: worker exited with {proc.returncode} ({tail[:200]})"}
-    out = _last_json(proc.stdout)
+    out = T.last_json(proc.stdout)
     out["wall_s"] = time.perf_counter() - t0
     return out
 
 
 def run_gloo(side: str, world: int, reps: int, check_calls: int, extra: bool) -> dict[str, Any]:
     """A pool of ``world`` gloo processes on 127.0.0.1; the per-rank results, merged."""
-    port = _free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = []
-    t0 = time.perf_counter()
-    for rank in range(world):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker", f"gloo-{side}", "--_world", str(world),
-               "--_rank", str(rank), "--_port", str(port), "--reps", str(reps), "--check-calls", str(check_calls)]
-        cmd += ["--_extra"] if extra else []
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                      cwd=REPO))
-    results, errors = [], []
-    deadline = time.monotonic() + WORKER_TIMEOUT_S
-    for rank, p in enumerate(procs):
-        try:
-            stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:  # only our own workers, by handle
-                if q.poll() is None:
-                    q.kill()
-            return {"error": f"not run: gloo pool timed out after {WORKER_TIMEOUT_S} s"}
-        if p.returncode != 0:
-            tail = (stderr.strip().splitlines() or ["?"])[-1]
-            errors.append(f"rank {rank} exited with {p.returncode} ({tail[:200]})")
-        else:
-            results.append(_last_json(stdout))
-    if errors:
-        return {"error": "not run: " + "; ".join(errors)}
-    return {"ranks": results, "wall_s": time.perf_counter() - t0}
+    args = ["--_worker", f"gloo-{side}", "--reps", str(reps), "--check-calls", str(check_calls)]
+    return T.run_gloo_pool(Path(__file__).resolve(), world, args + (["--_extra"] if extra else []),
+                           WORKER_TIMEOUT_S, REPO)
 
 
 def run_rounds(kind: str, world: int, rounds: int, run: Callable[[str, bool], dict[str, Any]]) -> dict[str, Any]:
