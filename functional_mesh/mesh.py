@@ -407,8 +407,7 @@ class Mesh:
 
         Groups come in torch's order (increasing first index into the device list).
         """
-        offsets = L.indices(L.Layout._from_modes(self._complement))
-        idx = np.add.outer(offsets, L.indices(self.layout))
+        idx = L.groups(self.layout, len(self._devices))
         return self._devices.take(idx).reshape((-1, *self.axis_sizes))
 
     def _index(self, api: str, rank: int) -> int | None:

@@ -14,7 +14,6 @@ without (the composed, axis-by-axis path).
 
 from __future__ import annotations
 
-import multiprocessing
 import re
 
 import numpy as np
@@ -22,22 +21,14 @@ import pytest
 import torch
 
 import functional_mesh as fm
-from functional_mesh import Mesh, make_mesh
+from functional_mesh import Mesh
 from tests.dist._pool import pool_fixture
+from tests.dist._settings import CHECK_S, GROUP_TIMEOUT, MESHES
 
 w8 = pool_fixture(8)
 
-if multiprocessing.parent_process() is not None:
-    fm.realize  # noqa: B018 - see test_realize_gloo.py: touch fm.realize first in a worker
 
-GROUP_TIMEOUT = 20
-CHECK_S = 10
 
-NAMES = ("dp", "cp", "tp")
-MESHES = {
-    "iota": make_mesh((2, 2, 2), NAMES),
-    "permuted": Mesh.from_ranks(np.array([5, 1, 7, 3, 4, 0, 6, 2]).reshape(2, 2, 2), NAMES),
-}
 TUPLES = [("dp", "cp"), ("tp", "dp"), ("cp", "tp"), ("dp", "cp", "tp"), ("tp", "cp", "dp")]
 AXES = ["dp", "cp", "tp", *TUPLES]
 

@@ -10,11 +10,9 @@ full tensor by the decoded sharding's ``local_slices``.
 from __future__ import annotations
 
 import math
-import multiprocessing
 import re
 import warnings
 
-import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -22,20 +20,12 @@ from torch import nn
 import functional_mesh as fm
 from functional_mesh import Mesh, P, make_mesh
 from tests.dist._pool import pool_fixture
+from tests.dist._settings import CHECK_S, GROUP_TIMEOUT, MESHES
 
 w8 = pool_fixture(8)
 
-if multiprocessing.parent_process() is not None:
-    fm.realize  # noqa: B018 - see test_realize_gloo.py: touch fm.realize first in a worker
 
-GROUP_TIMEOUT = 20
-CHECK_S = 10
 
-NAMES = ("dp", "cp", "tp")
-MESHES = {
-    "iota": make_mesh((2, 2, 2), NAMES),
-    "permuted": Mesh.from_ranks(np.array([5, 1, 7, 3, 4, 0, 6, 2]).reshape(2, 2, 2), NAMES),
-}
 SPECS = {
     "dp": P("dp"),
     "dp_tp": P(("dp", "tp")),

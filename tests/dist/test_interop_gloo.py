@@ -21,11 +21,10 @@ from torch import nn
 import functional_mesh as fm
 from functional_mesh import Mesh, make_mesh
 from tests.dist._pool import pool_fixture
+from tests.dist._settings import CHECK_S, GROUP_TIMEOUT
 
 w8 = pool_fixture(8)
 
-GROUP_TIMEOUT = 20
-CHECK_S = 10
 
 PERMUTED = Mesh.from_ranks([[7, 6, 5, 4], [3, 2, 1, 0]], ("dp", "tp"))
 PERMUTED_3D = Mesh.from_ranks(np.array([5, 1, 7, 3, 4, 0, 6, 2]).reshape(2, 2, 2), ("a", "b", "c"))

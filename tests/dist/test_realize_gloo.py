@@ -13,7 +13,6 @@ DESIGN.md §5 into those counts from the pure groups alone.
 
 from __future__ import annotations
 
-import multiprocessing
 import re
 import subprocess
 import sys
@@ -26,20 +25,12 @@ import torch.distributed as dist
 import functional_mesh as fm
 from functional_mesh import Mesh, make_mesh
 from tests.dist._pool import pool_fixture
+from tests.dist._settings import CHECK_S, GROUP_TIMEOUT
 
 w8 = pool_fixture(8)
 w4 = pool_fixture(4)
 
-if multiprocessing.parent_process() is not None:
-    # In a pool worker (which imports this module to run its checks), touch fm.realize before
-    # any other lazy name of functional_mesh.realize: touching fm.cache_info/clear_cache first
-    # turns `fm.realize` into the submodule. That library bug is pinned on its own by
-    # test_fm_realize_stays_the_function_whatever_is_touched_first instead of failing whichever
-    # check happens to run first. The pytest process itself is left alone.
-    fm.realize  # noqa: B018
 
-GROUP_TIMEOUT = 20  # seconds: the timeout of every group realize creates here (≤ 30 s, DESIGN §9)
-CHECK_S = 10  # seconds: the divergence check's wait where no divergence is expected
 
 
 def realize(mesh: Mesh, **kwargs):
