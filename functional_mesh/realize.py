@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextvars
 import datetime
 import hashlib
+import logging
 import os
 import sys
 import threading
@@ -50,6 +51,9 @@ CHECK_TIMEOUT_ENV = "FUNCTIONAL_MESH_CHECK_TIMEOUT"
 DEFAULT_CHECK_TIMEOUT_S = 60.0
 _STORE_PREFIX = "functional_mesh/realize"
 _NATURAL_BACKEND = {"cpu": "gloo", "cuda": "nccl"}
+# One line per axis per realize call (size, groups, new groups, host span): INFO on rank 0, DEBUG
+# elsewhere; silent unless enabled, e.g. logging.basicConfig(level=logging.INFO).
+_LOG = logging.getLogger("functional_mesh.realize")
 
 
 # -- decisions (pure, unit-tested) -------------------------------------------------------------
@@ -280,11 +284,36 @@ def realize(
     families += [(axes, mesh[axes].flatten(name="product")) for axes in product_axes]
     plan = _Plan(device_type, backend_name, backend_arg, options, timeout_td, world, rank, default_backend)
     groups: dict[Any, Any] = {}
+    made: dict[Any, int] = {}
     with _CACHE.lock:
         for key, family in families:
+            before = _CACHE.made
             groups[key] = plan.group_of_rank(family)
+            made[key] = _CACHE.made - before
         epoch = _CACHE.epoch
+    level = logging.INFO if rank == 0 else logging.DEBUG  # the lines are equal on every rank
+    if _LOG.isEnabledFor(level):
+        for line in axis_report(mesh, [(key, family, made[key]) for key, family in families],
+                                os.environ.get("LOCAL_WORLD_SIZE")):
+            _LOG.log(level, "rank %d: %s", rank, line)
     return RealizedMesh(mesh, device_type, backend_name, groups, rank, epoch, root=None)
+
+
+def axis_report(mesh: Mesh, families: Sequence[tuple[Any, Mesh, int]], ranks_per_host: str | None) -> list[str]:
+    """The log lines of one realize call: per axis (or product), size, groups, new groups, host span.
+
+    ``ranks_per_host`` is torchrun's ``LOCAL_WORLD_SIZE`` (a string, or ``None`` outside torchrun).
+    """
+    per_host = int(ranks_per_host) if ranks_per_host and ranks_per_host.isdigit() and int(ranks_per_host) else None
+    lines = []
+    for key, family, created in families:
+        (name,) = family.axis_names
+        span = (family.host_span(per_host)[name] + f" ({per_host} ranks per host)" if per_host
+                else "host span unknown (LOCAL_WORLD_SIZE unset)")
+        label = key if isinstance(key, str) else "x".join(key)
+        lines.append(f"realize {mesh!r}: axis {label} size={family.size} groups={family.num_groups} "
+                     f"new_groups={created} {span}")
+    return lines
 
 
 def _product_axes(mesh: Mesh, products: Iterable[Sequence[str]]) -> tuple[tuple[str, ...], ...]:
