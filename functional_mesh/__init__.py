@@ -13,7 +13,9 @@ from typing import Any
 from .errors import MeshError, UnknownAxisError
 from .layout import Layout
 from .mesh import Mesh, MeshShape, make_mesh
+from .order import mesh_from_order, order_axes
 from .sharding import NamedSharding, P, PartitionSpec
+from .visualize import visualize, visualize_sharding
 
 __version__ = "0.1.0"
 
@@ -41,7 +43,7 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "Layout", "Mesh", "MeshError", "MeshShape", "NamedSharding", "P", "PartitionSpec", "UnknownAxisError",
-    "make_mesh", *_LAZY,
+    "make_mesh", "mesh_from_order", "order_axes", "visualize", "visualize_sharding", *_LAZY,
 ]
 
 

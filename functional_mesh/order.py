@@ -1,0 +1,98 @@
+"""Megatron-style order strings: ``"tp-cp-ep-dp-pp"`` to a mesh, and tokens to mesh axes.
+
+Megatron-core's ``RankGenerator`` names its parallel dimensions in an *order string* whose
+**leftmost** token varies fastest (stride 1). Our meshes are row-major (the last axis varies
+fastest, as in torch), so the mesh of an order string lists its tokens reversed:
+``"tp-cp-ep-dp-pp"`` becomes ``Mesh(pp, dp, ep, cp, tp)``. A Megatron *token* such as
+``"tp-dp"`` names a set of dimensions (its own order does not matter); its groups are the
+groups of the mesh flattened over those axes in mesh order, which :func:`order_axes` returns.
+
+Examples:
+    >>> mesh = mesh_from_order("tp-cp-ep-dp-pp", tp=2, cp=2, ep=1, dp=2, pp=2)
+    >>> mesh
+    Mesh(pp=2, dp=2, ep=1, cp=2, tp=2)
+    >>> mesh["tp"].groups()[:3].tolist()
+    [[0, 1], [2, 3], [4, 5]]
+    >>> order_axes(mesh, "dp-tp")
+    ('dp', 'tp')
+    >>> mesh.flatten(order_axes(mesh, "tp-dp"))["dp_tp"].groups()[:2].tolist()
+    [[0, 1, 4, 5], [2, 3, 6, 7]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .errors import MeshError, check_int, requires, unknown_axis
+from .mesh import Mesh, make_mesh
+
+__all__ = ["mesh_from_order", "order_axes"]
+
+
+def _tokens(api: str, order: object) -> tuple[str, ...]:
+    if not isinstance(order, str):
+        raise TypeError(requires(api, 'an order string like "tp-cp-ep-dp-pp"', "order", order))
+    tokens = tuple(order.split("-"))
+    if not order or any(not t for t in tokens):
+        raise MeshError(requires(api, 'non-empty tokens joined by "-", like "tp-cp-ep-dp-pp"', "order", order))
+    seen = sorted({t for t in tokens if tokens.count(t) > 1})
+    if seen:
+        raise MeshError(requires(api, "each token once", "order", order) + f" (repeated: {seen})")
+    return tokens
+
+
+def mesh_from_order(order: str, *, devices: Iterable[int] | None = None, **sizes: int) -> Mesh:
+    """The mesh of a Megatron order string: leftmost token fastest, so axes are the tokens reversed.
+
+    Every token of ``order`` needs a size. A size given for a token that ``order`` leaves out must
+    be 1 (as Megatron requires); such axes are appended to the order, i.e. they become the
+    outermost axes of the mesh, so ``mesh["ep"]`` works whatever the order.
+
+    Args:
+        order: tokens joined by ``"-"``, fastest first, e.g. ``"tp-cp-ep-dp-pp"``.
+        devices: global ranks of the mesh positions (default ``0..N-1``); Megatron's
+            ``rank_offset=k`` is ``devices=range(k, k + N)``.
+        **sizes: one positive int per token, e.g. ``tp=2, cp=2, ep=1, dp=2, pp=2``.
+
+    Examples:
+        >>> mesh_from_order("tp-pp-dp", tp=2, pp=2, dp=2)
+        Mesh(dp=2, pp=2, tp=2)
+        >>> mesh_from_order("tp-dp", tp=4, dp=2, pp=1, cp=1)       # pp, cp: size 1, appended
+        Mesh(cp=1, pp=1, dp=2, tp=4)
+    """
+    api = "mesh_from_order"
+    tokens = _tokens(api, order)
+    missing = [t for t in tokens if t not in sizes]
+    if missing:
+        raise MeshError(requires(api, "a size for every token of the order", "order", order)
+                        + f"; no size for {missing} (given: {sorted(sizes)})")
+    extra = []
+    for name, size in sizes.items():
+        if name not in tokens:
+            if check_int(api, f"size of {name!r}", size) != 1:
+                raise MeshError(requires(api, f"size 1 for an axis not in the order ({order!r})",
+                                         name, size) + f"; add {name!r} to the order")
+            extra.append(name)
+    names = tokens + tuple(extra)
+    return make_mesh(tuple(sizes[n] for n in reversed(names)), tuple(reversed(names)), devices=devices)
+
+
+def order_axes(mesh: Mesh, token: str) -> tuple[str, ...]:
+    """The axes a Megatron token names (``"tp-dp"``), in mesh order: ready for ``mesh.flatten``.
+
+    Megatron treats a token as a set (its group enumerates the named dimensions fastest-first,
+    which is row-major over them in mesh order), so ``"tp-dp"`` and ``"dp-tp"`` give the same axes.
+
+    Examples:
+        >>> mesh = mesh_from_order("tp-cp-dp-pp", tp=2, cp=2, dp=2, pp=2)
+        >>> order_axes(mesh, "tp-pp"), order_axes(mesh, "pp-tp")
+        (('pp', 'tp'), ('pp', 'tp'))
+    """
+    api = "order_axes"
+    if not isinstance(mesh, Mesh):
+        raise TypeError(requires(api, "a functional_mesh.Mesh", "mesh", mesh))
+    wanted = _tokens(api, token)
+    for t in wanted:
+        if t not in mesh.axis_names:
+            raise unknown_axis(api, t, mesh.axis_names, mesh)
+    return tuple(n for n in mesh.axis_names if n in wanted)

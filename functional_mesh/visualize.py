@@ -1,0 +1,287 @@
+"""Pictures of meshes and shardings, as plain strings (pure: no torch).
+
+:func:`visualize` draws a mesh's rank grid: the last two axes are the rows and columns of a
+page, and the leading axes (and, for a family such as ``mesh["tp"]``, the group) enumerate
+pages. With ``axis=...`` each rank carries a letter naming its group along that axis, so the
+groups of one axis can be read off the grid. :func:`visualize_sharding` draws which ranks hold
+which block of a tensor, uneven and empty tail blocks included.
+
+Both return strings; ``color=True`` adds ANSI colors (one per group or block), which the
+command line turns on only when it prints to a terminal. Large meshes are elided (first and
+last pages, rows, columns and groups) so a picture stays readable at any world size.
+
+Examples:
+    >>> import functional_mesh as fm
+    >>> print(fm.visualize(fm.make_mesh((2, 4), ("dp", "tp")), axis="dp"))
+    Mesh(dp=2, tp=4): 8 devices, letters mark the groups of dp
+          tp=0  tp=1  tp=2  tp=3
+    dp=0  0a    1b    2c    3d
+    dp=1  4a    5b    6c    7d
+    groups of each axis:
+      dp  size 2, 4 groups: a=[0 4] b=[1 5] c=[2 6] d=[3 7]
+      tp  size 4, 2 groups: [0 1 2 3] [4 5 6 7]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from .errors import MeshError, check_int, requires, unknown_axis
+from .mesh import Mesh
+from .sharding import NamedSharding
+
+__all__ = ["visualize", "visualize_sharding"]
+
+# Six readable ANSI foreground colors, cycled by group or block index.
+_COLORS = ("31", "32", "33", "34", "35", "36")
+_RESET = "\x1b[0m"
+
+
+def _letters(i: int) -> str:
+    """0 -> a, 25 -> z, 26 -> aa: a short, unbounded group label."""
+    out = ""
+    i += 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        out = chr(ord("a") + r) + out
+    return out
+
+
+def _shown(n: int, limit: int) -> list[int | None]:
+    """Indices 0..n-1 to draw, eliding the middle (``None``) when more than ``limit``."""
+    if n <= limit:
+        return list(range(n))
+    head = max(limit - 1, 1)
+    return [*range(head), None, n - 1]
+
+
+def _paint(text: str, index: int | None, color: bool) -> str:
+    if not color or index is None:
+        return text
+    return f"\x1b[{_COLORS[index % len(_COLORS)]}m{text}{_RESET}"
+
+
+def _table(row_labels: Sequence[str], col_labels: Sequence[str],
+           cells: Sequence[Sequence[tuple[str, int | None]]], color: bool) -> list[str]:
+    """Left-aligned columns; each cell is (text, color index). Padding is computed on plain text."""
+    width = max([len(t) for row in cells for t, _ in row] + [len(c) for c in col_labels] + [1])
+    left = max([len(r) for r in row_labels] + [0])
+    head = (" " * left + "  " + "  ".join(c.ljust(width) for c in col_labels)).rstrip()
+    lines = [head] if head else []
+    for label, row in zip(row_labels, cells):
+        body = "  ".join(_paint(t.ljust(width), k, color) for t, k in row)
+        lines.append((label.ljust(left) + "  " + body).rstrip())
+    return lines
+
+
+def _check_flags(api: str, color: object, limit: object) -> int:
+    if not isinstance(color, bool):
+        raise TypeError(requires(api, "a bool for color", "color", color))
+    limit = check_int(api, "max_side", limit)
+    if limit < 2:
+        raise MeshError(requires(api, "max_side >= 2 (rows, columns, pages and groups drawn)", "max_side", limit))
+    return limit
+
+
+def visualize(mesh: Mesh, axis: str | None = None, *, color: bool = False, max_side: int = 16) -> str:
+    """The rank grid of ``mesh`` and the groups of each axis, as a string.
+
+    Args:
+        mesh: any mesh, including a family (``mesh["tp"]``: one page per group).
+        axis: an axis whose groups to mark: each rank gets its group's letter (``a``, ``b``,
+            ...; the order of ``mesh[axis].groups()``).
+        color: add ANSI colors (one per group of ``axis``); for terminals only.
+        max_side: at most this many rows, columns, pages and groups per axis are drawn; the
+            middle ones are elided with ``…``.
+
+    Examples:
+        >>> import functional_mesh as fm
+        >>> print(fm.visualize(fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))["cp", "tp"]))
+        Mesh(cp=2, tp=2; 2 groups over devices 0..7): 8 devices
+        group 0
+              tp=0  tp=1
+        cp=0  0     1
+        cp=1  2     3
+        group 1
+              tp=0  tp=1
+        cp=0  4     5
+        cp=1  6     7
+        groups of each axis:
+          cp  size 2, 4 groups: [0 2] [1 3] [4 6] [5 7]
+          tp  size 2, 4 groups: [0 1] [2 3] [4 5] [6 7]
+    """
+    api = "visualize"
+    if not isinstance(mesh, Mesh):
+        raise TypeError(requires(api, "a functional_mesh.Mesh", "mesh", mesh))
+    limit = _check_flags(api, color, max_side)
+    if axis is not None and axis not in mesh.axis_names:
+        raise unknown_axis(api, axis, mesh.axis_names, mesh)
+    sizes, names = mesh.axis_sizes, mesh.axis_names
+    grid = mesh.groups()  # (num_groups, *sizes)
+    mark: dict[int, int] = {}
+    if axis is not None:
+        family = mesh[axis]
+        rows = family.groups().reshape(family.num_groups, -1)
+        mark = {int(r): g for g, row in enumerate(rows.tolist()) for r in row}
+    header = f"{mesh!r}: {mesh.num_devices} device{'s' if mesh.num_devices != 1 else ''}"
+    if axis is not None:
+        header += f", letters mark the groups of {axis}"
+    lines = [header]
+    lead = sizes[:-2] if len(sizes) > 2 else ()
+    pages = mesh.num_groups * math.prod(lead)
+    for page in _shown(pages, limit):
+        if page is None:
+            lines.append(f"… {pages - limit} more pages …")
+            continue
+        g, rest = divmod(page, math.prod(lead))
+        coords = np.unravel_index(rest, lead) if lead else ()
+        label = ([f"group {g}"] if mesh.num_groups > 1 else []) + [
+            f"{n}={int(c)}" for n, c in zip(names, coords)]
+        if label:
+            lines.append(", ".join(label))
+        lines += _page(grid[(g, *(int(c) for c in coords))], names[len(lead):], mark, color, limit)
+    lines.append("groups of each axis:" if names else "no axes: one device, no groups")
+    width = max(len(n) for n in names) if names else 0
+    for n, s in zip(names, sizes):
+        family = mesh[n]
+        rows = family.groups().reshape(family.num_groups, -1)
+        shown = []
+        for i in _shown(family.num_groups, limit):
+            if i is None:
+                shown.append(f"… {family.num_groups - limit} more")
+                continue
+            members = rows[i]
+            text = "[" + " ".join("…" if m is None else str(members[m]) for m in _shown(s, limit)) + "]"
+            if n == axis:
+                text = f"{_letters(i)}={text}"
+            shown.append(_paint(text, i if n == axis else None, color))
+        lines.append(f"  {n.ljust(width)}  size {s}, {family.num_groups} groups: " + " ".join(shown))
+    return "\n".join(lines)
+
+
+def _page(ranks: np.ndarray, names: Sequence[str], mark: dict[int, int], color: bool, limit: int) -> list[str]:
+    """One 2-D page: rows over ``names[-2]``, columns over ``names[-1]`` (fewer axes: one row/cell)."""
+    page = ranks.reshape((1,) * (2 - ranks.ndim) + ranks.shape)
+    row_name = names[-2] if len(names) == 2 else None
+    col_name = names[-1] if names else None
+    rows, cols = _shown(page.shape[0], limit), _shown(page.shape[1], limit)
+    col_labels = ["…" if j is None else (f"{col_name}={j}" if col_name else "") for j in cols]
+    row_labels = ["…" if i is None else (f"{row_name}={i}" if row_name else "") for i in rows]
+    cells = []
+    for i in rows:
+        row = []
+        for j in cols:
+            if i is None or j is None:
+                row.append(("…", None))
+                continue
+            rank = int(page[i, j])
+            group = mark.get(rank)
+            row.append((f"{rank}{_letters(group) if group is not None else ''}", group))
+        cells.append(row)
+    return _table(row_labels, col_labels, cells, color)
+
+
+def _block_label(s: slice) -> str:
+    return f"{s.start}:{s.stop}"
+
+
+def _ravel(coords: Sequence[int], sizes: Sequence[int]) -> int:
+    """Row-major index of ``coords`` (first axis major, as a spec tuple splits)."""
+    index = 0
+    for c, n in zip(coords, sizes):
+        index = index * n + c
+    return index
+
+
+def _iter_ranks(ranks: list[int], limit: int) -> Iterator[str]:
+    if len(ranks) <= limit:
+        yield from map(str, ranks)
+        return
+    yield from map(str, ranks[: limit - 1])
+    yield f"+{len(ranks) - limit + 1}"
+
+
+def visualize_sharding(sharding: NamedSharding, global_shape: Sequence[int], *, color: bool = False,
+                       max_side: int = 16) -> str:
+    """Which ranks hold which block of a tensor of ``global_shape``, as a string.
+
+    Rows are the blocks of the leading dims, columns the blocks of the last dim (a 1-D tensor
+    has one row, a 0-D tensor one cell); each cell lists the ranks holding that block. Uneven
+    dims follow DTensor's ``torch.chunk`` rule and show their short and empty tail blocks.
+
+    Args:
+        sharding: the ``NamedSharding``.
+        global_shape: the full tensor's shape.
+        color: add ANSI colors (one per block); for terminals only.
+        max_side: at most this many block rows/columns and ranks per cell are drawn.
+
+    Examples:
+        >>> import functional_mesh as fm
+        >>> mesh = fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))
+        >>> print(fm.visualize_sharding(fm.NamedSharding(mesh, fm.P(("dp", "cp"), "tp")), (5, 6)))
+        NamedSharding(Mesh(dp=2, cp=2, tp=2), P(('dp', 'cp'), 'tp')) of shape (5, 6): shard shape (2, 3)
+        dim 0 splits 5 over dp×cp=4 into 2, 1, 1, 1 (uneven)
+        dim 1 splits 6 over tp=2 into 3, 3
+             0:3  3:6
+        0:2  0    1
+        2:3  2    3
+        3:4  4    5
+        4:5  6    7
+        >>> print(fm.visualize_sharding(fm.NamedSharding(mesh, fm.P("tp")), (1,)))
+        NamedSharding(Mesh(dp=2, cp=2, tp=2), P('tp')) of shape (1,): shard shape (1,)
+        dim 0 splits 1 over tp=2 into 1, 0 (uneven)
+          0:1      1:1
+          0 2 4 6  1 3 5 7
+    """
+    api = "visualize_sharding"
+    if not isinstance(sharding, NamedSharding):
+        raise TypeError(requires(api, "a functional_mesh.NamedSharding", "sharding", sharding))
+    limit = _check_flags(api, color, max_side)
+    shape = sharding._shape(api, global_shape)
+    mesh, spec = sharding.mesh, sharding.spec
+    dim_axes = [spec.axes_of(d) if d < len(spec) else () for d in range(len(shape))]
+    # Key each rank's block by its shard index along every dim (first axis major), not by its
+    # slices: two empty tail shards have equal slices but are different shards.
+    by_block: dict[tuple[int, ...], list[int]] = {}
+    slices_of: dict[tuple[int, ...], tuple[slice, ...]] = {}
+    for rank, slices in sorted(sharding.devices_indices_map(shape).items()):
+        coord = dict(zip(mesh.axis_names, mesh.coordinate(rank)))
+        key = tuple(_ravel([coord[a] for a in axes], [mesh.axis_size(a) for a in axes]) for axes in dim_axes)
+        by_block.setdefault(key, []).append(rank)
+        slices_of[key] = slices
+    lines = [f"{sharding!r} of shape {shape}: shard shape {sharding.shard_shape(shape)}"]
+    for d, (n, axes) in enumerate(zip(shape, dim_axes)):
+        if axes:
+            pieces = {key[d]: slices_of[key][d] for key in slices_of}
+            lengths = [pieces[i].stop - pieces[i].start for i in sorted(pieces)]
+            uneven = " (uneven)" if len(set(lengths)) > 1 else ""
+            lines.append(f"dim {d} splits {n} over {'×'.join(axes)}={len(pieces)} into "
+                         f"{', '.join(map(str, lengths))}{uneven}")
+    lead_keys = sorted({key[:-1] for key in by_block})
+    last_keys = sorted({key[-1:] for key in by_block})
+    index = {key: i for i, key in enumerate(sorted(by_block))}
+    rows, cols = _shown(len(lead_keys), limit), _shown(len(last_keys), limit)
+
+    def label(key: tuple[int, ...], dims: range) -> str:
+        sample = next(k for k in slices_of if k[dims.start:dims.stop] == key)
+        return ", ".join(_block_label(slices_of[sample][d]) for d in dims)
+
+    lead_dims, last_dims = range(0, max(len(shape) - 1, 0)), range(max(len(shape) - 1, 0), len(shape))
+    row_labels = ["…" if i is None else label(lead_keys[i], lead_dims) for i in rows]
+    col_labels = ["…" if j is None else label(last_keys[j], last_dims) for j in cols]
+    cells = []
+    for i in rows:
+        row = []
+        for j in cols:
+            if i is None or j is None:
+                row.append(("…", None))
+                continue
+            key = lead_keys[i] + last_keys[j]
+            ranks = by_block.get(key, [])
+            row.append((" ".join(_iter_ranks(ranks, limit)) or "-", index.get(key)))
+        cells.append(row)
+    lines += _table(row_labels, col_labels, cells, color)
+    return "\n".join(lines)
