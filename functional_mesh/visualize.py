@@ -72,7 +72,7 @@ def _table(row_labels: Sequence[str], col_labels: Sequence[str],
     head = (" " * left + "  " + "  ".join(c.ljust(width) for c in col_labels)).rstrip()
     lines = [head] if head else []
     for label, row in zip(row_labels, cells):
-        body = "  ".join(_paint(t.ljust(width), k, color) for t, k in row)
+        body = "  ".join(_paint(t, k, color) + " " * (width - len(t)) for t, k in row)
         lines.append((label.ljust(left) + "  " + body).rstrip())
     return lines
 
@@ -158,7 +158,8 @@ def visualize(mesh: Mesh, axis: str | None = None, *, color: bool = False, max_s
             if n == axis:
                 text = f"{_letters(i)}={text}"
             shown.append(_paint(text, i if n == axis else None, color))
-        lines.append(f"  {n.ljust(width)}  size {s}, {family.num_groups} groups: " + " ".join(shown))
+        count = f"{family.num_groups} group{'s' if family.num_groups != 1 else ''}"
+        lines.append(f"  {n.ljust(width)}  size {s}, {count}: " + " ".join(shown))
     return "\n".join(lines)
 
 
@@ -269,7 +270,7 @@ def visualize_sharding(sharding: NamedSharding, global_shape: Sequence[int], *, 
         sample = next(k for k in slices_of if k[dims.start:dims.stop] == key)
         return ", ".join(_block_label(slices_of[sample][d]) for d in dims)
 
-    lead_dims, last_dims = range(0, max(len(shape) - 1, 0)), range(max(len(shape) - 1, 0), len(shape))
+    lead_dims, last_dims = range(max(len(shape) - 1, 0)), range(max(len(shape) - 1, 0), len(shape))
     row_labels = ["…" if i is None else label(lead_keys[i], lead_dims) for i in rows]
     col_labels = ["…" if j is None else label(last_keys[j], last_dims) for j in cols]
     cells = []
