@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 export OMP_NUM_THREADS := 1
 
-.PHONY: install test demo bench clean
+.PHONY: install test test-multinode demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Two torchrun agents on this machine as two hosts of 4 ranks (c10d rendezvous on loopback):
+# realize, collectives and Mesh.host_span against the real hosts. Also part of `make test`.
+test-multinode: $(STAMP)
+	$(PY) -m pytest -q tests/multinode
 
 # The main example (DESIGN.md §8): 3-D mesh, FSDP2 + TP, losses checked against one process.
 # NPROC workers (default 8): gloo on CPU when no GPU is present, NCCL on GPUs.
