@@ -7,6 +7,8 @@ Run:  python examples/plan_meshes.py [world_size]
 2. A torchtitan-style plan (pp, dp_replicate, dp_shard, cp, tp) derived from one world mesh,
    with the flattened data-parallel axes it needs, and how many distinct process groups
    `realize` would create for it (equal rank groups are shared).
+3. A Megatron-style plan from an order string, the groups of Megatron's tokens, where each axis
+   sits on hosts of 8 GPUs, and a picture of one pipeline stage's (cp, tp) grid.
 """
 
 from __future__ import annotations
@@ -58,6 +60,19 @@ def torchtitan_plan(world: int = 32) -> None:
           f"(realize creates one process group per distinct group)")
 
 
+def megatron_plan(world: int = 32, gpus_per_host: int = 8) -> None:
+    tp, cp, pp = 4, 2, 2
+    mesh = fm.mesh_from_order("tp-cp-ep-dp-pp", tp=tp, cp=cp, ep=1, dp=world // (tp * cp * pp), pp=pp)
+    print(f"\n{mesh}  hosts of {gpus_per_host}: {mesh.host_span(gpus_per_host)}")
+    for token in ("tp-cp", "dp-cp", "tp-pp"):
+        family = mesh.flatten(fm.order_axes(mesh, token), name=token)[token]
+        print(f"  Megatron token {token!r}: {family.num_groups} groups, rank 0's: {family.group_of(0).tolist()}")
+    if mesh.host_span(gpus_per_host)["tp"] != "intra-host":
+        print("  WARNING: tensor parallelism crosses hosts")
+    print(fm.visualize(mesh["cp", "tp"], axis="cp"))
+
+
 if __name__ == "__main__":
     tutorial_2d()
     torchtitan_plan(int(sys.argv[1]) if len(sys.argv) > 1 else 32)
+    megatron_plan(int(sys.argv[1]) if len(sys.argv) > 1 else 32)
