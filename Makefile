@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 export OMP_NUM_THREADS := 1
 
-.PHONY: install test test-multinode demo bench clean
+.PHONY: install test test-multinode demo bench docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,5 +37,10 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_realize.py
 	$(PY) benchmarks/bench_collectives.py
 
+# Optional: a static site of docs/ with mkdocs (the "docs" extra); every page is also doctested by make test.
+docs: $(STAMP)
+	$(PY) -m pip install --quiet -e ".[docs]"
+	$(PY) -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info site

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +139,15 @@ def test_python_dash_m_and_the_console_script_run_without_torch():
     bad = subprocess.run([str(script), "show", "dp=2", "--select", "tp"], capture_output=True, text=True,
                          env=_env(), timeout=60)
     assert bad.returncode == 2 and "axis='tp'" in bad.stderr
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+SESSION = re.compile(r"^```\n\$ (functional-mesh [^\n]*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
+
+
+def test_command_line_sessions_in_the_docs_print_what_they_show(capsys):
+    sessions = [m for page in sorted(DOCS.glob("*.md")) for m in SESSION.finditer(page.read_text())]
+    assert sessions, "docs show at least one functional-mesh session"
+    for m in sessions:
+        argv = shlex.split(m[1])[1:]
+        assert run(capsys, *argv, "--color", "never") == m[2], m[1]
