@@ -14,11 +14,22 @@ A tuple of axes uses the product group when the cache holds it (``realize(mesh,
 products=[axes])``); otherwise ``psum``/``pvary`` go axis by axis, ``all_gather`` innermost axis
 first, ``psum_scatter`` outermost first, ``ppermute`` point to point. ``all_to_all`` over a tuple
 needs the product group. A collective never creates a group.
+
+Debug mode (off by default): with ``FUNCTIONAL_MESH_CHECK_COLLECTIVES=1`` in the environment (read
+at every call), each communication first compares, among the members of the group it is about to
+use, what every member asks for (operation, axes, mesh, tensor shape and dtype), through the
+default store with realize's bounded wait (``$FUNCTIONAL_MESH_CHECK_TIMEOUT``, default 60 s), and
+raises ``MeshError`` on every member that got there when they differ or one does not arrive.
+``=mesh`` compares among every device of the mesh instead: it also catches a rank whose program
+uses another axis than the rest of the mesh, but needs every rank of the mesh to make the same
+sequence of collectives (SPMD). Off, the cost is one environment lookup per call.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,9 +39,14 @@ import torch.distributed as dist
 from .errors import MeshError, check_int, requires
 from .interop import _realized
 from .mesh import _check_unique, _name_tuple
+from ._agree import _agree, _next_call
+from .realize import check_timeout_seconds
 
-__all__ = ["all_gather", "all_to_all", "axis_index", "axis_size", "pmean", "ppermute", "psum", "psum_scatter",
-           "pvary"]
+__all__ = ["CHECK_COLLECTIVES_ENV", "all_gather", "all_to_all", "axis_index", "axis_size", "pmean", "ppermute", "psum",
+           "psum_scatter", "pvary"]
+
+CHECK_COLLECTIVES_ENV = "FUNCTIONAL_MESH_CHECK_COLLECTIVES"
+_CHECK_MODES = {"1": "group", "group": "group", "mesh": "mesh"}  # setting -> participants
 
 
 # -- resolving axes to groups -------------------------------------------------------------------
@@ -52,12 +68,66 @@ def _member(api: str, rm: Any) -> None:
                                  f"devices {rm.mesh.device_list.describe()}"), mesh=rm.mesh)
 
 
-def _groups(api: str, rm: Any, names: tuple[str, ...]) -> list[tuple[Any, int]]:
-    """``[(group, size)]``: the product group when cached, else one per axis (outermost first)."""
+def _groups(api: str, rm: Any, names: tuple[str, ...]) -> list[tuple[Any, int, tuple[str, ...]]]:
+    """``[(group, size, axes)]``: the product group when cached, else one per axis (outermost first)."""
     _member(api, rm)
     if len(names) > 1 and rm.has_group(names):
-        return [(rm.group(names), math.prod(rm.axis_size(n) for n in names))]
-    return [(rm.group(n), rm.axis_size(n)) for n in names]
+        return [(rm.group(names), math.prod(rm.axis_size(n) for n in names), names)]
+    return [(rm.group(n), rm.axis_size(n), (n,)) for n in names]
+
+
+# -- the opt-in debug check (FUNCTIONAL_MESH_CHECK_COLLECTIVES) -----------------------------------
+
+
+class _Check:
+    """Agreement before each communication of one public collective call (debug mode only).
+
+    Built per call when the mode is on; the autograd functions keep it for their backward.
+    """
+
+    def __init__(self, api: str, rm: Any, names: tuple[str, ...], mode: str, setting: str, params: str) -> None:
+        self.api, self.rm, self.names, self.mode, self.params = api, rm, names, mode, params
+        self.setting = setting
+        self.wait_s = check_timeout_seconds(True, os.environ)
+
+    def __call__(self, x: torch.Tensor, axes: tuple[str, ...], *, members: Sequence[int] | None = None,
+                 group: Any = None, backward: bool = False) -> None:
+        """Agree on the step over ``axes`` (``members``, or the members of ``group``) that sends ``x``."""
+        rm = self.rm
+        if self.mode == "mesh":
+            devices = rm.mesh.device_list
+            participants = devices.to_array().tolist()
+            space, where = f"mesh/{devices.digest()}", f"mesh devices {devices.describe()}"
+            rule = "every device of the mesh to make the same sequence of collective calls"
+        else:
+            participants = list(members) if members is not None else dist.get_process_group_ranks(group)
+            text = ",".join(map(str, participants))
+            space = "group/" + hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:16]
+            where = f"group {participants}" if len(participants) <= 16 else f"a group of {len(participants)} ranks"
+            rule = "every member of the group to make the same collective call"
+        if len(participants) < 2:  # nobody to disagree with
+            return
+        n = _next_call(space)
+        over = "" if axes == self.names else f", step over {axes!r}"
+        step = f"backward of {self.api}" if backward else self.api
+        request = (f"{step}(axis={self.names!r}{self.params}{over}) on {rm.mesh!r} with "
+                   f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}")
+        _agree(self.api, f"{rule} ({CHECK_COLLECTIVES_ENV}={self.setting})", f"collective call #{n} of {where}",
+               f"functional_mesh/collective/{space}/{n}", participants, rm.rank, request, self.wait_s)
+
+
+def _check(api: str, rm: Any, names: tuple[str, ...], params: str = "") -> _Check | None:
+    """The debug check of one call, or ``None`` when the mode is off (one environment lookup)."""
+    setting = os.environ.get(CHECK_COLLECTIVES_ENV)
+    if not setting or setting == "0":
+        return None
+    if setting not in _CHECK_MODES:
+        raise MeshError(requires(api, f"${CHECK_COLLECTIVES_ENV} to be a known mode", CHECK_COLLECTIVES_ENV, setting,
+                                 "'0' (off), '1' or 'group' (each group's members agree), 'mesh' (the whole "
+                                 "mesh agrees)"), mesh=rm.mesh)
+    if rm.backend == "fake":  # fake collectives carry no data: nothing to compare
+        return None
+    return _Check(api, rm, names, _CHECK_MODES[setting], setting, params)
 
 
 # -- autograd functions over one group ----------------------------------------------------------
@@ -98,56 +168,73 @@ def _exchange(x: torch.Tensor, group: Any, n: int, split_dim: int, concat_dim: i
 
 class _Psum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group):
+    def forward(ctx, x, group, check, axes):
+        if check:
+            check(x, axes, group=group)
         return _all_reduce(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None
+        return grad, None, None, None
 
 
 class _Pvary(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
+    def forward(ctx, x, group, check, axes):
+        ctx.group, ctx.check, ctx.axes = group, check, axes
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_reduce(grad, ctx.group), None
+        if ctx.check:
+            ctx.check(grad, ctx.axes, group=ctx.group, backward=True)
+        return _all_reduce(grad, ctx.group), None, None, None
 
 
 class _AllGather(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group, n, dim):
-        ctx.group, ctx.n, ctx.dim = group, n, dim
+    def forward(ctx, x, group, n, dim, check, axes):
+        ctx.group, ctx.n, ctx.dim, ctx.check, ctx.axes = group, n, dim, check, axes
+        if check:
+            check(x, axes, group=group)
         return _gather(x, group, n, dim)
 
     @staticmethod
     def backward(ctx, grad):
-        return _scatter(grad, ctx.group, ctx.n, ctx.dim), None, None, None
+        if ctx.check:
+            ctx.check(grad, ctx.axes, group=ctx.group, backward=True)
+        return _scatter(grad, ctx.group, ctx.n, ctx.dim), None, None, None, None, None
 
 
 class _PsumScatter(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group, n, dim):
-        ctx.group, ctx.n, ctx.dim = group, n, dim
+    def forward(ctx, x, group, n, dim, check, axes):
+        ctx.group, ctx.n, ctx.dim, ctx.check, ctx.axes = group, n, dim, check, axes
+        if check:
+            check(x, axes, group=group)
         return _scatter(x, group, n, dim)
 
     @staticmethod
     def backward(ctx, grad):
-        return _gather(grad, ctx.group, ctx.n, ctx.dim), None, None, None
+        if ctx.check:
+            ctx.check(grad, ctx.axes, group=ctx.group, backward=True)
+        return _gather(grad, ctx.group, ctx.n, ctx.dim), None, None, None, None, None
 
 
 class _AllToAll(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, group, n, split_dim, concat_dim):
+    def forward(ctx, x, group, n, split_dim, concat_dim, check, axes):
         ctx.group, ctx.n, ctx.split_dim, ctx.concat_dim = group, n, split_dim, concat_dim
+        ctx.check, ctx.axes = check, axes
+        if check:
+            check(x, axes, group=group)
         return _exchange(x, group, n, split_dim, concat_dim)
 
     @staticmethod
     def backward(ctx, grad):
-        return _exchange(grad, ctx.group, ctx.n, ctx.concat_dim, ctx.split_dim), None, None, None, None
+        if ctx.check:
+            ctx.check(grad, ctx.axes, group=ctx.group, backward=True)
+        return _exchange(grad, ctx.group, ctx.n, ctx.concat_dim, ctx.split_dim), None, None, None, None, None, None
 
 
 def _send_recv(x: torch.Tensor, members: list[int], me: int, pairs: list[tuple[int, int]]) -> torch.Tensor:
@@ -170,14 +257,18 @@ def _send_recv(x: torch.Tensor, members: list[int], me: int, pairs: list[tuple[i
 
 class _Ppermute(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, members, me, pairs):
-        ctx.members, ctx.me, ctx.pairs = members, me, pairs
+    def forward(ctx, x, members, me, pairs, check, axes):
+        ctx.members, ctx.me, ctx.pairs, ctx.check, ctx.axes = members, me, pairs, check, axes
+        if check:
+            check(x, axes, members=members)
         return _send_recv(x, members, me, pairs)
 
     @staticmethod
     def backward(ctx, grad):
+        if ctx.check:
+            ctx.check(grad, ctx.axes, members=ctx.members, backward=True)
         inverse = [(d, s) for s, d in ctx.pairs]
-        return _send_recv(grad, ctx.members, ctx.me, inverse), None, None, None
+        return _send_recv(grad, ctx.members, ctx.me, inverse), None, None, None, None, None
 
 
 # -- public API ----------------------------------------------------------------------------------
@@ -196,27 +287,36 @@ def _tensor(api: str, x: object) -> torch.Tensor:
     return x
 
 
+def _psum(api: str, x: torch.Tensor, axis: str | Sequence[str], rm: Any) -> torch.Tensor:
+    x = _tensor(api, x)
+    names = _axes(api, rm, axis)
+    groups = _groups(api, rm, names)
+    check = _check(api, rm, names)
+    for group, _, axes in groups:
+        x = _Psum.apply(x, group, check, axes)
+    return x
+
+
 def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: Any = None) -> torch.Tensor:
     """Sum ``x`` over ``axis``; backward is the identity (the result is replicated over ``axis``)."""
-    rm = _realized("psum", mesh)
-    x = _tensor("psum", x)
-    for group, _ in _groups("psum", rm, _axes("psum", rm, axis)):
-        x = _Psum.apply(x, group)
-    return x
+    return _psum("psum", x, axis, _realized("psum", mesh))
 
 
 def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: Any = None) -> torch.Tensor:
     """Mean of ``x`` over ``axis``: ``psum(x) / n``."""
     rm = _realized("pmean", mesh)
-    return psum(x, axis, mesh=rm) / axis_size(axis, mesh=rm)
+    return _psum("pmean", x, axis, rm) / axis_size(axis, mesh=rm)
 
 
 def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: Any = None) -> torch.Tensor:
     """Identity forward, ``psum`` backward: mark a replicated value entering ``axis``-varying compute."""
     rm = _realized("pvary", mesh)
     x = _tensor("pvary", x)
-    for group, _ in _groups("pvary", rm, _axes("pvary", rm, axis)):
-        x = _Pvary.apply(x, group)
+    names = _axes("pvary", rm, axis)
+    groups = _groups("pvary", rm, names)
+    check = _check("pvary", rm, names)
+    for group, _, axes in groups:
+        x = _Pvary.apply(x, group, check, axes)
     return x
 
 
@@ -225,12 +325,14 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
     """Every member's ``x`` along ``dim`` in mesh order: concatenated (``tiled``) or stacked at ``dim``."""
     rm = _realized("all_gather", mesh)
     x = _tensor("all_gather", x)
-    groups = _groups("all_gather", rm, _axes("all_gather", rm, axis))
+    names = _axes("all_gather", rm, axis)
+    groups = _groups("all_gather", rm, names)
     if not tiled:
         x = x.unsqueeze(_dim("all_gather", x.unsqueeze(0), dim))
     d = _dim("all_gather", x, dim)
-    for group, n in reversed(groups):  # innermost axis first: the outermost ends up major
-        x = _AllGather.apply(x, group, n, d)
+    check = _check("all_gather", rm, names, f", dim={d}, tiled={tiled}")
+    for group, n, axes in reversed(groups):  # innermost axis first: the outermost ends up major
+        x = _AllGather.apply(x, group, n, d, check, axes)
     return x
 
 
@@ -242,12 +344,13 @@ def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, ti
     names = _axes("psum_scatter", rm, axis)
     groups = _groups("psum_scatter", rm, names)
     d = _dim("psum_scatter", x, dim)
-    n = math.prod(size for _, size in groups)
+    n = math.prod(size for _, size, _ in groups)
     if (x.shape[d] != n) if not tiled else (x.shape[d] % n):
         rule = f"dim {d} of size {n} (tiled=False)" if not tiled else f"dim {d} divisible by {n}"
         raise MeshError(requires("psum_scatter", rule, f"x.shape[{d}]", x.shape[d]), mesh=rm.mesh)
-    for group, size in groups:  # outermost axis first
-        x = _PsumScatter.apply(x, group, size, d)
+    check = _check("psum_scatter", rm, names, f", dim={d}, tiled={tiled}")
+    for group, size, axes in groups:  # outermost axis first
+        x = _PsumScatter.apply(x, group, size, d, check, axes)
     return x if tiled else x.squeeze(d)
 
 
@@ -263,7 +366,7 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
     if len(groups) > 1:
         raise MeshError(requires("all_to_all", "one axis, or a tuple whose product group was realized", "axis",
                                  names) + f"; pass products=[{names!r}] to realize", mesh=rm.mesh)
-    (group, n), = groups
+    (group, n, step), = groups
     s, c = _dim("all_to_all", x, split_dim, "split_dim"), _dim("all_to_all", x, concat_dim, "concat_dim")
     if not tiled:
         if x.shape[s] != n:
@@ -276,7 +379,8 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
     if x.shape[s] % n:
         raise MeshError(requires("all_to_all", f"split_dim divisible by {n}", f"x.shape[{s}]", x.shape[s]),
                         mesh=rm.mesh)
-    return _AllToAll.apply(x, group, n, s, c)
+    check = _check("all_to_all", rm, names, f", split_dim={s}, concat_dim={c}")
+    return _AllToAll.apply(x, group, n, s, c, check, step)
 
 
 def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int]], *,
@@ -301,7 +405,8 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
             raise MeshError(requires("ppermute", f"each {what} at most once (a permutation)", "perm", tuple(pairs)),
                             mesh=rm.mesh)
     members = rm.mesh[names].group_of(rm.rank).reshape(-1).tolist()
-    return _Ppermute.apply(x, members, axis_index(names, mesh=rm), pairs)
+    check = _check("ppermute", rm, names, f", perm={pairs}")
+    return _Ppermute.apply(x, members, axis_index(names, mesh=rm), pairs, check, names)
 
 
 def axis_index(axis: str | Sequence[str], *, mesh: Any = None) -> int:

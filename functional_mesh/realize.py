@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextvars
 import datetime
-import hashlib
 import logging
 import os
 import sys
@@ -35,6 +34,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+from ._agree import _agree
 from .errors import MeshError, requires
 from .mesh import Mesh, _name_tuple
 
@@ -411,78 +411,13 @@ class _Plan:
         _CACHE.made += 1
 
 
-# -- divergence check --------------------------------------------------------------------------
+# -- divergence check (the agreement itself lives in _agree.py) ----------------------------------
 
 
 def _check_same_request(call: int, request: str, rank: int, world: int, wait_s: float) -> None:
-    """Compare this call's request across the world through the default store, bounded in time.
-
-    Each rank publishes a digest; rank 0 waits for all of them, compares, and publishes a
-    verdict that the others wait for. A missing or different rank is named on every rank
-    that arrived, instead of a hang in the first collective.
-    """
-    store = dist.distributed_c10d._get_default_store()
-    digest = hashlib.sha1(request.encode(), usedforsecurity=False).hexdigest()[:16]
-    prefix = f"{_STORE_PREFIX}/{call}"
-    key = f"{prefix}/rank{rank}"
-    store.set(key, f"{digest} {request}")
-    verdict_key = f"{prefix}/verdict"
-    if rank == 0:
-        keys = [f"{prefix}/rank{r}" for r in range(world)]
-        missing = _wait_for(store, keys, wait_s)
-        if missing:
-            verdict = (f"ranks {missing} did not reach realize call #{call} within {wait_s:g} s "
-                       f"(the others asked for {request})")
-        else:
-            verdict = _compare(call, {r: v.decode() for r, v in enumerate(store.multi_get(keys))})
-            # every rank has finished the previous call: its verdict is read, drop it
-            _try_delete(store, f"{_STORE_PREFIX}/{call - 1}/verdict")
-        verdict = _decide(store, verdict_key, verdict or "ok")
-    elif _wait_for(store, [verdict_key], wait_s + 5.0):
-        arrived = [r for r in range(world) if store.check([f"{prefix}/rank{r}"])]
-        absent = sorted(set(range(world)) - set(arrived))
-        # Give up, unless rank 0 decided in the meantime: the first decision stands for everyone,
-        # so a late rank 0 cannot pass a call the others already abandoned.
-        verdict = _decide(store, verdict_key, f"realize call #{call} got no verdict from rank 0 within "
-                                              f"{wait_s:g} s; ranks not arrived: {absent}; rank {rank} "
-                                              f"asked for {request}")
-    else:
-        verdict = store.get(verdict_key).decode()
-    _try_delete(store, key)  # rank 0 has read every digest once the verdict exists
-    if verdict not in ("", "ok"):
-        raise MeshError(f"`realize` requires every rank to call it with an equal mesh, but {verdict}")
-
-
-def _decide(store: Any, key: str, verdict: str) -> str:
-    """Publish ``verdict`` unless one exists; return the verdict that stands (the first one)."""
-    return store.compare_set(key, "", verdict).decode()
-
-
-def _try_delete(store: Any, key: str) -> None:
-    try:
-        store.delete_key(key)
-    except Exception:  # a store without deletion keeps the key: harmless
-        pass
-
-
-def _wait_for(store: Any, keys: list[str], wait_s: float) -> list[int]:
-    """Wait for ``keys``; on timeout return the indices of the ones still missing."""
-    try:
-        store.wait(keys, datetime.timedelta(seconds=wait_s))
-        return []
-    except Exception:  # c10d raises DistStoreError (a RuntimeError) or its own timeout types
-        return [i for i, k in enumerate(keys) if not store.check([k])]
-
-
-def _compare(call: int, values: dict[int, str]) -> str:
-    by_request: dict[str, list[int]] = {}
-    for r, v in values.items():
-        by_request.setdefault(v, []).append(r)
-    if len(by_request) == 1:
-        return ""
-    parts = "; ".join(f"ranks {ranks} asked for {v.split(' ', 1)[1]}" for v, ranks in
-                      sorted(by_request.items(), key=lambda kv: (-len(kv[1]), kv[1])))
-    return f"realize call #{call} differs across ranks: {parts}"
+    """realize's check: the whole world, led by rank 0, compares the request of call ``call``."""
+    _agree("realize", "every rank to call it with an equal mesh", f"realize call #{call}",
+           f"{_STORE_PREFIX}/{call}", range(world), rank, request, wait_s)
 
 
 # -- the realized mesh -------------------------------------------------------------------------

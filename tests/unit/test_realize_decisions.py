@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from functional_mesh import MeshError
+from functional_mesh._agree import _compare
 from functional_mesh.realize import (
     CHECK_TIMEOUT_ENV,
     InitPlan,
-    _compare,
     check_timeout_seconds,
     creation_method,
     plan_init,
@@ -120,7 +120,7 @@ def test_check_timeout_errors():
 
 def test_compare_names_the_ranks_that_differ():
     values = {0: "a1 Mesh(dp=2)", 1: "a1 Mesh(dp=2)", 2: "b2 Mesh(tp=2)", 3: "a1 Mesh(dp=2)"}
-    assert _compare(7, values) == (
+    assert _compare("realize call #7", values) == (
         "realize call #7 differs across ranks: ranks [0, 1, 3] asked for Mesh(dp=2); ranks [2] asked for Mesh(tp=2)"
     )
-    assert _compare(7, {0: "a x", 1: "a x"}) == ""
+    assert _compare("realize call #7", {0: "a x", 1: "a x"}) == ""
