@@ -198,7 +198,7 @@ class _Cache:
         self.hits = 0
         self.misses = 0
         self.epoch = 0
-        self.calls = 0  # realize calls, for the divergence check's store keys
+        self.calls = 0  # checked realize calls, for the divergence check's store keys
 
 
 _CACHE = _Cache()
@@ -274,10 +274,10 @@ def realize(
         raise MeshError(requires("realize", f"devices that are ranks of the world (0..{world - 1})",
                                  "largest device", mesh.device_list.max()), mesh=mesh)
     options = (timeout_td.total_seconds() if timeout_td else None,)
-    with _CACHE.lock:
-        _CACHE.calls += 1
-        call = _CACHE.calls
     if wait_s is not None and backend_name != "fake":
+        with _CACHE.lock:  # only checked calls are numbered: a rank's unchecked lookups shift nothing
+            _CACHE.calls += 1
+            call = _CACHE.calls
         request = _describe(mesh, device_type, backend_name, options, product_axes)
         _check_same_request(call, request, rank, world, wait_s)
     families = [(name, mesh[name]) for name in mesh.axis_names]
@@ -454,7 +454,6 @@ class RealizedMesh:
         self._epoch = epoch
         self._root = root
         self._device_mesh: Any = None
-        self._tokens: list[contextvars.Token] = []
 
     def _check_alive(self, api: str) -> None:
         if self._epoch != _CACHE.epoch:
@@ -522,16 +521,20 @@ class RealizedMesh:
         if self._device_mesh is None:
             from .interop import device_mesh_of
 
-            self._device_mesh = device_mesh_of(self)
+            with _CACHE.lock:  # one torch mesh per realized mesh, even when threads ask at once
+                if self._device_mesh is None:
+                    self._device_mesh = device_mesh_of(self)
         return self._device_mesh
 
     def __enter__(self) -> RealizedMesh:
         self._check_alive("with RealizedMesh")
-        self._tokens.append(_CURRENT.set(_CURRENT.get() + (self,)))
+        _CURRENT.set(_CURRENT.get() + (self,))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _CURRENT.reset(self._tokens.pop())
+        # The stack is per thread/task (a context variable), so no token is kept on the shared
+        # object: two threads may enter and leave the same realized mesh in any order.
+        _CURRENT.set(_CURRENT.get()[:-1])
 
     def __reduce__(self):
         raise TypeError(
