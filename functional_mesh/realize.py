@@ -364,7 +364,16 @@ class _Plan:
             return _CACHE.axes[axis_key]
         _CACHE.misses += 1
         rows = tuple(tuple(r) for r in family.groups().reshape(family.num_groups, -1).tolist())
-        self._create(rows)
+        try:
+            self._create(rows)
+        except MeshError:
+            raise
+        except RuntimeError as exc:  # c10d's DistStoreError / gloo errors: a member died or stopped
+            timeout = f"{self.timeout.total_seconds():g} s" if self.timeout else "torch's default timeout"
+            raise MeshError(
+                f"`realize` could not create the process groups of axis {name!r} (first {list(rows[0])}, "
+                f"{len(rows)} in all) within {timeout}: a member rank probably died or stopped calling realize "
+                f"(set realize(..., timeout=seconds) to fail sooner); torch said: {exc}") from exc
         group = family.group_of(self.rank)
         mine = None if group is None else _CACHE.groups[(tuple(group.reshape(-1).tolist()), self.backend,
                                                           self.options)]

@@ -310,9 +310,11 @@ def test_a_rank_killed_inside_group_creation_fails_the_survivors_within_the_grou
     assert w.victim_exit == -signal.SIGKILL
     failed = survivors_failed(w, within=3 + MARGIN_S)
     assert [r.rank for r in failed] == [0, 2], [r.describe() for r in w.reports.values()]
-    for r in failed:  # gloo's rendezvous gives up waiting for the dead rank's address in the store
-        assert r.error_type == "torch.distributed.DistStoreError", r.describe()
-        assert "wait timeout after 3000ms" in r.message, r.describe()
+    for r in failed:  # gloo's rendezvous gives up waiting for the dead rank's address; realize names the axis
+        assert r.error_type == "functional_mesh.errors.MeshError", r.describe()
+        assert "could not create the process groups of axis 'w' (first [2, 1, 0], 1 in all) within 3 s" in r.message, \
+            r.describe()
+        assert "wait timeout after 3000ms" in r.message, r.describe()  # torch's own words are kept
         assert r.seconds >= 3 - 0.5, r.describe()  # realize's timeout, not something shorter
 
 
