@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 export OMP_NUM_THREADS := 1
 
-.PHONY: install test test-multinode demo bench docs clean
+.PHONY: install test test-multinode fuzz demo bench docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test: $(STAMP)
 # realize, collectives and Mesh.host_span against the real hosts. Also part of `make test`.
 test-multinode: $(STAMP)
 	$(PY) -m pytest -q tests/multinode
+
+# Fuzz every public entry point (tests/fuzz) with bad values and types, valid ones mixed in, under the
+# large hypothesis profile: 500 examples per entry point, over 10,000 calls in all (the total is printed).
+fuzz: $(STAMP)
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q tests/fuzz
 
 # The main example (DESIGN.md §8): 3-D mesh, FSDP2 + TP, losses checked against one process.
 # NPROC workers (default 8): gloo on CPU when no GPU is present, NCCL on GPUs.

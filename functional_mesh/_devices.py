@@ -7,13 +7,17 @@ cost O(ndim) whatever the world size, and comparing two of them is an identity c
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 
 import numpy as np
 
 from .errors import MeshError, requires
 
 __all__ = ["DeviceList"]
+
+MAX_RANK = 2**63 - 1  # ranks are int64; a list is also indexed by int64 positions
 
 
 class DeviceList:
@@ -48,14 +52,19 @@ class DeviceList:
         """The symbolic ranks ``0..n-1``."""
         if n < 0:
             raise MeshError(requires(api, "a non-negative number of devices", "n", n))
+        if n > sys.maxsize:
+            raise MeshError(requires(api, f"at most {sys.maxsize} devices", "n", n))
         return cls._make(n, 0, 1, None)
 
     @classmethod
     def from_range(cls, r: range, api: str = "devices") -> DeviceList:
         """Any range of non-negative ranks (increasing or decreasing), kept symbolic."""
-        if len(r) and min(r[0], r[-1]) < 0:
+        n = _range_len(api, r)
+        if n and min(r[0], r[-1]) < 0:
             raise MeshError(requires(api, "non-negative global ranks", "devices", r))
-        return cls._make(len(r), r.start, r.step, None)
+        if n and max(r[0], r[-1]) > MAX_RANK:
+            raise MeshError(requires(api, f"global ranks up to {MAX_RANK}", "devices", r))
+        return cls._make(n, r.start, r.step, None)
 
     @classmethod
     def from_values(cls, api: str, values: object) -> DeviceList:
@@ -196,15 +205,31 @@ def _rebuild_array(data: bytes) -> DeviceList:
     return DeviceList._make(array.size, 0, 1, array)
 
 
+def _range_len(api: str, r: range) -> int:
+    """``len(r)``, or a ``MeshError`` naming ``r`` when it has more elements than an index can count."""
+    n = max(0, -(-(r.stop - r.start) // r.step))
+    if n > sys.maxsize:  # len(r) would raise OverflowError
+        raise MeshError(requires(api, f"at most {sys.maxsize} devices", "devices", r))
+    return n
+
+
 def int_array(api: str, values: object) -> np.ndarray:
-    """An int64 array (nesting kept as shape) from ints only: floats, bools, strings are a ``TypeError``."""
+    """An int64 array (nesting kept as shape) from ints only: floats, bools, strings are a ``TypeError``.
+
+    Unordered containers (sets, and mappings, whose iteration would silently give their keys) are a
+    ``TypeError`` too: a device list has an order.
+    """
     if isinstance(values, (str, bytes)):
         raise TypeError(requires(api, "an iterable of int ranks for devices", "devices", values))
+    if isinstance(values, (Mapping, AbstractSet)):
+        raise TypeError(requires(api, "an ordered iterable of int ranks for devices", "devices", values))
     if hasattr(values, "detach") and hasattr(values, "cpu"):  # a torch tensor, without importing torch
         values = values.detach().cpu().numpy()
     if isinstance(values, np.ndarray):
         if values.dtype.kind not in "iu":
             raise TypeError(requires(api, "integer devices", "devices dtype", str(values.dtype)))
+        if values.dtype.kind == "u" and values.size and int(values.max()) > MAX_RANK:
+            raise MeshError(requires(api, f"global ranks up to {MAX_RANK}", "device", int(values.max())))
         return values.astype(np.int64, copy=False)
     if not isinstance(values, Iterable):
         raise TypeError(requires(api, "an iterable of int ranks for devices", "devices", values))
@@ -225,6 +250,11 @@ def _flatten_ints(api: str, values: Iterable, out: list[int]) -> None:
         if isinstance(v, (bool, np.bool_)):
             raise TypeError(requires(api, "int devices", "device", v))
         try:
-            out.append(operator.index(v))
+            rank = operator.index(v)
         except TypeError:
             raise TypeError(requires(api, "int devices", "device", v)) from None
+        if rank > MAX_RANK:  # np.asarray(..., int64) would raise OverflowError
+            raise MeshError(requires(api, f"global ranks up to {MAX_RANK}", "device", rank))
+        if rank < -MAX_RANK - 1:
+            raise MeshError(requires(api, "non-negative global ranks", "device", rank))
+        out.append(rank)

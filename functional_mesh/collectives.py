@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -88,7 +88,7 @@ class _Check:
     def __init__(self, api: str, rm: Any, names: tuple[str, ...], mode: str, setting: str, params: str) -> None:
         self.api, self.rm, self.names, self.mode, self.params = api, rm, names, mode, params
         self.setting = setting
-        self.wait_s = check_timeout_seconds(True, os.environ)
+        self.wait_s = check_timeout_seconds(True, os.environ, api)
 
     def __call__(self, x: torch.Tensor, axes: tuple[str, ...], *, members: Sequence[int] | None = None,
                  group: Any = None, backward: bool = False) -> None:
@@ -276,9 +276,16 @@ class _Ppermute(torch.autograd.Function):
 
 def _dim(api: str, x: torch.Tensor, dim: int, name: str = "dim") -> int:
     d = check_int(api, name, dim)
-    if not -x.ndim <= d < max(x.ndim, 1):
-        raise MeshError(requires(api, f"a dim of the {x.ndim}-d tensor", name, d, f"{-x.ndim}..{x.ndim - 1}"))
-    return d % max(x.ndim, 1)
+    if not -x.ndim <= d < x.ndim:
+        valid = f"{-x.ndim}..{x.ndim - 1}" if x.ndim else "none (a 0-d tensor has no dims to gather, scatter or split)"
+        raise MeshError(requires(api, f"a dim of the {x.ndim}-d tensor", name, d, valid))
+    return d % x.ndim
+
+
+def _tiled(api: str, tiled: object) -> bool:
+    if not isinstance(tiled, bool):
+        raise TypeError(requires(api, "tiled=True or False", "tiled", tiled))
+    return tiled
 
 
 def _tensor(api: str, x: object) -> torch.Tensor:
@@ -325,6 +332,7 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
     """Every member's ``x`` along ``dim`` in mesh order: concatenated (``tiled``) or stacked at ``dim``."""
     rm = _realized("all_gather", mesh)
     x = _tensor("all_gather", x)
+    tiled = _tiled("all_gather", tiled)
     names = _axes("all_gather", rm, axis)
     groups = _groups("all_gather", rm, names)
     if not tiled:
@@ -341,6 +349,7 @@ def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, ti
     """Sum over ``axis`` and keep this member's block of ``dim`` (mesh order); untiled drops ``dim``."""
     rm = _realized("psum_scatter", mesh)
     x = _tensor("psum_scatter", x)
+    tiled = _tiled("psum_scatter", tiled)
     names = _axes("psum_scatter", rm, axis)
     groups = _groups("psum_scatter", rm, names)
     d = _dim("psum_scatter", x, dim)
@@ -361,6 +370,7 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
     size ``n`` and is removed; a new ``concat_dim`` of size ``n`` stacks the arrivals."""
     rm = _realized("all_to_all", mesh)
     x = _tensor("all_to_all", x)
+    tiled = _tiled("all_to_all", tiled)
     names = _axes("all_to_all", rm, axis)
     groups = _groups("all_to_all", rm, names)
     if len(groups) > 1:
@@ -392,6 +402,8 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
     names = _axes("ppermute", rm, axis)
     _member("ppermute", rm)
     n = axis_size(names, mesh=rm)
+    if isinstance(perm, (str, bytes)) or not isinstance(perm, Iterable):
+        raise TypeError(requires("ppermute", "an iterable of (source, destination) pairs", "perm", perm))
     pairs = []
     for pair in perm:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:

@@ -29,7 +29,8 @@ Examples:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 
 import attrs
 import numpy as np
@@ -176,7 +177,9 @@ class Layout:
 
 
 def _int_tuple(api: str, name: str, value: int | Sequence[int]) -> tuple[int, ...]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+    if isinstance(value, (Mapping, AbstractSet)):  # unordered (a mapping would give its keys): not a shape
+        raise TypeError(f"`{api}` requires an int or a sequence of ints for {name}, but got {name}={value!r}")
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable) or getattr(value, "ndim", 1) == 0:
         return (check_int(api, name, value),)
     return tuple(check_int(api, name, v) for v in value)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 
 import attrs
 import numpy as np
@@ -56,7 +57,7 @@ class MeshShape(Mapping[str, int]):
             )
         try:
             return self._items[key]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable key such as a list
             raise unknown_axis("mesh.shape[...]", key, tuple(self._items)) from None
 
     def __iter__(self) -> Iterator[str]:
@@ -132,6 +133,8 @@ class Mesh:
 
     def __init__(self, axis_names: Sequence[str], layouts: Sequence[L.Layout], devices: int | object) -> None:
         names = _name_tuple("Mesh", axis_names)
+        if isinstance(layouts, L.Layout) or not isinstance(layouts, Iterable):
+            raise TypeError(requires("Mesh", "a sequence of Layouts, one per axis", "layouts", layouts))
         layouts = tuple(layouts)
         for lay in layouts:
             if not isinstance(lay, L.Layout):
@@ -322,9 +325,9 @@ class Mesh:
         listed = tuple(self._axis_names[i] for i in pos)
         if name is None:
             name = "_".join(listed)
-        name = _name_tuple("Mesh.flatten", name, "name")
-        if len(name) != 1:
+        if not isinstance(name, str):
             raise TypeError(requires("Mesh.flatten", "one str for name", "name", name))
+        name = _name_tuple("Mesh.flatten", name, "name")
         remaining = tuple(n for i, n in enumerate(self._axis_names) if i not in pos)
         if name[0] in remaining:
             raise MeshError(
@@ -354,7 +357,13 @@ class Mesh:
             [[0, 4], [1, 5], [2, 6], [3, 7]]
         """
         api = "Mesh.unflatten"
-        i = self.axis_index_of(axis, api) if isinstance(axis, str) else self._positions(api, axis, "axis")[0]
+        if isinstance(axis, str):
+            i = self.axis_index_of(axis, api)
+        else:  # a 1-tuple names one axis, as in selections; more is a mistake, not "the first one"
+            positions = self._positions(api, axis, "axis")
+            if len(positions) != 1:
+                raise MeshError(requires(api, "one axis to split", "axis", axis, self._axis_names), mesh=self)
+            i = positions[0]
         items = _size_items(api, sizes)
         new_names = tuple(n for n, _ in items)
         new_sizes = tuple(s for _, s in items)
@@ -453,6 +462,7 @@ class Mesh:
         k = check_int(api, "ranks_per_host", ranks_per_host)
         if k < 1:
             raise MeshError(requires(api, "a positive number of ranks per host", "ranks_per_host", k), mesh=self)
+        k = min(k, self._devices.max() + 1)  # one host holds every device: same answer, no overflow
         span: dict[str, str] = {}
         for name, size in zip(self._axis_names, self.axis_sizes):
             hosts = np.sort(self[name].groups().reshape(-1, size) // k, axis=1)
@@ -524,7 +534,7 @@ def make_mesh(axis_sizes: Sequence[int], axis_names: str | Sequence[str], *, dev
         [[8, 12], [9, 13], [10, 14], [11, 15]]
     """
     api = "make_mesh"
-    if isinstance(axis_sizes, (str, bytes)) or not isinstance(axis_sizes, Iterable):
+    if isinstance(axis_sizes, (str, bytes, Mapping, AbstractSet)) or not isinstance(axis_sizes, Iterable):
         raise TypeError(requires(api, "a tuple of int axis sizes", "axis_sizes", axis_sizes))
     sizes = tuple(check_int(api, "axis size", s) for s in axis_sizes)
     names = _name_tuple(api, axis_names)

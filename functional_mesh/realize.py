@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextvars
 import datetime
 import logging
+import math
 import os
 import sys
 import threading
@@ -90,6 +91,8 @@ def plan_init(env: dict[str, str], cuda_available: bool, device_type: str | None
 
 
 def _check_device_type(device_type: object) -> None:
+    if not isinstance(device_type, str):
+        raise TypeError(requires("realize", "a str device_type", "device_type", device_type, tuple(_NATURAL_BACKEND)))
     if device_type not in _NATURAL_BACKEND:
         raise MeshError(requires("realize", "a supported device type", "device_type", device_type,
                                  tuple(_NATURAL_BACKEND)))
@@ -104,6 +107,8 @@ def resolve_backend(default_backend: str, device_type: str | None, backend: str 
     natural backend of the device type (gloo for cpu under an NCCL default). Under torch's
     single-process ``fake`` backend every group is fake and ``new_group`` gets ``None``.
     """
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(requires("realize", "backend=None or a backend name (a str)", "backend", backend))
     default_backend = default_backend.lower()
     if device_type is None:
         if default_backend == "nccl":
@@ -147,7 +152,7 @@ def creation_method(rows: Sequence[tuple[int, ...]], world_size: int, default_ba
     return "new_group"
 
 
-def check_timeout_seconds(check: bool | float, env: Mapping[str, str]) -> float | None:
+def check_timeout_seconds(check: bool | float, env: Mapping[str, str], api: str = "realize") -> float | None:
     """The divergence-check wait: ``None`` when off; ``check`` seconds, the env var, or 60 s."""
     if check is False:
         return None
@@ -158,23 +163,33 @@ def check_timeout_seconds(check: bool | float, env: Mapping[str, str]) -> float 
         try:
             value = float(raw)
         except ValueError:
-            raise MeshError(requires("realize", f"a number of seconds in ${CHECK_TIMEOUT_ENV}", CHECK_TIMEOUT_ENV,
+            raise MeshError(requires(api, f"a number of seconds in ${CHECK_TIMEOUT_ENV}", CHECK_TIMEOUT_ENV,
                                      raw)) from None
     elif isinstance(check, (int, float)) and not isinstance(check, bool):
         value = float(check)
     else:
-        raise TypeError(requires("realize", "check=True, False or a number of seconds", "check", check))
-    if value <= 0:
-        raise MeshError(requires("realize", "a positive check timeout", "check", value))
+        raise TypeError(requires(api, "check=True, False or a number of seconds", "check", check))
+    if not 0 < value < math.inf:  # also refuses NaN
+        raise MeshError(requires(api, "a positive, finite check timeout", "check", value))
     return value
 
 
 def _timeout_td(timeout: object) -> datetime.timedelta | None:
-    if timeout is None or isinstance(timeout, datetime.timedelta):
-        return timeout
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
-        return datetime.timedelta(seconds=timeout)
-    raise MeshError(requires("realize", "timeout=None, a timedelta or positive seconds", "timeout", timeout))
+    rule = "timeout=None, a positive timedelta or a positive, finite number of seconds"
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        if timeout > datetime.timedelta(0):
+            return timeout
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        if 0 < timeout < math.inf:
+            try:
+                return datetime.timedelta(seconds=timeout)
+            except OverflowError:  # beyond timedelta's ~2.7 million years
+                pass
+    else:
+        raise TypeError(requires("realize", rule, "timeout", timeout))
+    raise MeshError(requires("realize", rule, "timeout", timeout))
 
 
 # -- the cache ---------------------------------------------------------------------------------
@@ -269,6 +284,7 @@ def realize(
     default_backend = str(dist.get_backend())
     device_type, backend_name, backend_arg = resolve_backend(default_backend, device_type, backend,
                                                              torch.cuda.is_available())
+    _check_available(device_type, backend_name, backend_arg)
     world, rank = dist.get_world_size(), dist.get_rank()
     if mesh.device_list.max() >= world:
         raise MeshError(requires("realize", f"devices that are ranks of the world (0..{world - 1})",
@@ -314,6 +330,17 @@ def axis_report(mesh: Mesh, families: Sequence[tuple[Any, Mesh, int]], ranks_per
         lines.append(f"realize {mesh!r}: axis {label} size={family.size} groups={family.num_groups} "
                      f"new_groups={created} {span}")
     return lines
+
+
+def _check_available(device_type: str, backend_name: str, backend_arg: str | None) -> None:
+    """Refuse, before any group is made, a backend this torch lacks or CUDA without a GPU."""
+    if backend_name == "fake":
+        return
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise MeshError(requires("realize", "an available device type", "device_type", "cuda", "'cpu'"))
+    if backend_arg is not None and not dist.is_backend_available(backend_name):
+        valid = [b for b in dist.Backend.backend_list if b != "undefined" and dist.is_backend_available(b)]
+        raise MeshError(requires("realize", "a backend available in this torch build", "backend", backend_arg, valid))
 
 
 def _product_axes(mesh: Mesh, products: Iterable[Sequence[str]]) -> tuple[tuple[str, ...], ...]:

@@ -38,6 +38,7 @@ __all__ = ["visualize", "visualize_sharding"]
 # Six readable ANSI foreground colors, cycled by group or block index.
 _COLORS = ("31", "32", "33", "34", "35", "36")
 _RESET = "\x1b[0m"
+MAX_SHARDING_DEVICES = 2**22
 
 
 def _letters(i: int) -> str:
@@ -120,12 +121,8 @@ def visualize(mesh: Mesh, axis: str | None = None, *, color: bool = False, max_s
     if axis is not None and axis not in mesh.axis_names:
         raise unknown_axis(api, axis, mesh.axis_names, mesh)
     sizes, names = mesh.axis_sizes, mesh.axis_names
-    grid = mesh.groups()  # (num_groups, *sizes)
-    mark: dict[int, int] = {}
-    if axis is not None:
-        family = mesh[axis]
-        rows = family.groups().reshape(family.num_groups, -1)
-        mark = {int(r): g for g, row in enumerate(rows.tolist()) for r in row}
+    # Only the drawn cells are computed (O(cells drawn), whatever the world size).
+    family = mesh[axis] if axis is not None else None
     header = f"{mesh!r}: {mesh.num_devices} device{'s' if mesh.num_devices != 1 else ''}"
     if axis is not None:
         header += f", letters mark the groups of {axis}"
@@ -137,24 +134,21 @@ def visualize(mesh: Mesh, axis: str | None = None, *, color: bool = False, max_s
             lines.append(f"… {pages - limit} more pages …")
             continue
         g, rest = divmod(page, math.prod(lead))
-        coords = np.unravel_index(rest, lead) if lead else ()
-        label = ([f"group {g}"] if mesh.num_groups > 1 else []) + [
-            f"{n}={int(c)}" for n, c in zip(names, coords)]
+        coords = tuple(int(c) for c in np.unravel_index(rest, lead)) if lead else ()
+        label = ([f"group {g}"] if mesh.num_groups > 1 else []) + [f"{n}={c}" for n, c in zip(names, coords)]
         if label:
             lines.append(", ".join(label))
-        lines += _page(grid[(g, *(int(c) for c in coords))], names[len(lead):], mark, color, limit)
+        lines += _page(mesh, g, coords, family, color, limit)
     lines.append("groups of each axis:" if names else "no axes: one device, no groups")
     width = max(len(n) for n in names) if names else 0
     for n, s in zip(names, sizes):
         family = mesh[n]
-        rows = family.groups().reshape(family.num_groups, -1)
         shown = []
         for i in _shown(family.num_groups, limit):
             if i is None:
                 shown.append(f"… {family.num_groups - limit} more")
                 continue
-            members = rows[i]
-            text = "[" + " ".join("…" if m is None else str(members[m]) for m in _shown(s, limit)) + "]"
+            text = "[" + " ".join("…" if m is None else str(_rank_at(family, i, (m,))) for m in _shown(s, limit)) + "]"
             if n == axis:
                 text = f"{_letters(i)}={text}"
             shown.append(_paint(text, i if n == axis else None, color))
@@ -163,12 +157,37 @@ def visualize(mesh: Mesh, axis: str | None = None, *, color: bool = False, max_s
     return "\n".join(lines)
 
 
-def _page(ranks: np.ndarray, names: Sequence[str], mark: dict[int, int], color: bool, limit: int) -> list[str]:
-    """One 2-D page: rows over ``names[-2]``, columns over ``names[-1]`` (fewer axes: one row/cell)."""
-    page = ranks.reshape((1,) * (2 - ranks.ndim) + ranks.shape)
+def _value(modes: Sequence[tuple[int, int]], i: int) -> int:
+    """A layout's value at coordinate ``i``: row-major digits over ``modes`` times their strides."""
+    pos = 0
+    for size, stride in reversed(modes):
+        i, digit = divmod(i, size)
+        pos += digit * stride
+    return pos
+
+
+def _rank_at(mesh: Mesh, group: int, coord: Sequence[int]) -> int:
+    """The global rank at ``coord`` of group ``group`` (torch's group order), in O(modes)."""
+    pos = _value(mesh._complement, group) + sum(_value(lay.modes, c) for lay, c in zip(mesh._layouts, coord))
+    return int(mesh.device_list.take(np.asarray(pos, dtype=np.int64)))
+
+
+def _group_index(family: Mesh, rank: int) -> int:
+    """Which group of ``family`` holds ``rank`` (the inverse of the group part of :func:`_rank_at`)."""
+    index = family.device_list.index_of(rank)
+    value = 0
+    for size, stride in family._complement:
+        value = value * size + (index // stride) % size
+    return value
+
+
+def _page(mesh: Mesh, group: int, lead: tuple[int, ...], family: Mesh | None, color: bool, limit: int) -> list[str]:
+    """One 2-D page: rows over the next-to-last axis, columns over the last (fewer axes: one row/cell)."""
+    names, sizes = mesh.axis_names[len(lead):], mesh.axis_sizes[len(lead):]
+    shape = (1,) * (2 - len(sizes)) + sizes
     row_name = names[-2] if len(names) == 2 else None
     col_name = names[-1] if names else None
-    rows, cols = _shown(page.shape[0], limit), _shown(page.shape[1], limit)
+    rows, cols = _shown(shape[0], limit), _shown(shape[1], limit)
     col_labels = ["…" if j is None else (f"{col_name}={j}" if col_name else "") for j in cols]
     row_labels = ["…" if i is None else (f"{row_name}={i}" if row_name else "") for i in rows]
     cells = []
@@ -178,9 +197,9 @@ def _page(ranks: np.ndarray, names: Sequence[str], mark: dict[int, int], color: 
             if i is None or j is None:
                 row.append(("…", None))
                 continue
-            rank = int(page[i, j])
-            group = mark.get(rank)
-            row.append((f"{rank}{_letters(group) if group is not None else ''}", group))
+            rank = _rank_at(mesh, group, lead + (i, j)[2 - len(sizes):])
+            mark = _group_index(family, rank) if family is not None else None
+            row.append((f"{rank}{_letters(mark) if mark is not None else ''}", mark))
         cells.append(row)
     return _table(row_labels, col_labels, cells, color)
 
@@ -243,6 +262,9 @@ def visualize_sharding(sharding: NamedSharding, global_shape: Sequence[int], *, 
     limit = _check_flags(api, color, max_side)
     shape = sharding._shape(api, global_shape)
     mesh, spec = sharding.mesh, sharding.spec
+    if mesh.num_devices > MAX_SHARDING_DEVICES:  # it lists every rank's block: O(devices)
+        raise MeshError(requires(api, f"a mesh of at most {MAX_SHARDING_DEVICES:,} devices (every holder of every "
+                                      "block is listed)", "num_devices", mesh.num_devices), mesh=mesh)
     dim_axes = [spec.axes_of(d) if d < len(spec) else () for d in range(len(shape))]
     # Key each rank's block by its shard index along every dim (first axis major), not by its
     # slices: two empty tail shards have equal slices but are different shards.

@@ -228,7 +228,7 @@ def test_bad_arguments(world):
     world(0, 4)
     with pytest.raises(TypeError, match=r"`realize` requires a functional_mesh.Mesh, but got mesh=\(2, 2\)"):
         fm.realize((2, 2))
-    with pytest.raises(fm.MeshError, match=r"timeout=None, a timedelta or positive seconds, but got timeout=-1"):
+    with pytest.raises(fm.MeshError, match=r"timeout=None, a positive timedelta or a positive, finite number of seconds, but got timeout=-1"):
         fm.realize(fm.make_mesh((4,), ("w",)), timeout=-1)
     with pytest.raises(fm.MeshError, match=r"a supported device type, but got device_type='tpu'"):
         fm.realize(fm.make_mesh((4,), ("w",)), device_type="tpu")

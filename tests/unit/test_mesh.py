@@ -284,8 +284,8 @@ def test_flatten_of_selection_is_one_dim_and_matches_in_place_flatten():
         (lambda: ABC.flatten(("a", "cc")), UnknownAxisError, r"`Mesh.flatten` requires an axis name of the mesh, "
                                                             r"but got axis='cc'.*did you mean 'c'\?"),
         (lambda: make_mesh((), ()).flatten(), MeshError, r"`Mesh.flatten` requires a mesh with at least one axis"),
-        (lambda: ABC.flatten(("a", "b"), name=3), TypeError, r"`Mesh.flatten` requires a str or a tuple of str "
-                                                            r"for name, but got name=3"),
+        (lambda: ABC.flatten(("a", "b"), name=3), TypeError, r"`Mesh.flatten` requires one str for name, but got "
+                                                            r"name=3"),
         (lambda: ABC.flatten(("a", "b"), name=("x", "y")), TypeError, r"`Mesh.flatten` requires one str for name"),
         (lambda: ABC.flatten(("a", "b"), name=""), MeshError, r"requires non-empty axis names"),
     ],

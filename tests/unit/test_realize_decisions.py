@@ -112,7 +112,7 @@ def test_check_timeout_seconds(check, env, expected):
 def test_check_timeout_errors():
     with pytest.raises(TypeError, match=r"check=True, False or a number of seconds, but got check='yes'"):
         check_timeout_seconds("yes", {})
-    with pytest.raises(MeshError, match=r"a positive check timeout, but got check=0.0"):
+    with pytest.raises(MeshError, match=r"a positive, finite check timeout, but got check=0.0"):
         check_timeout_seconds(0, {})
     with pytest.raises(MeshError, match=r"FUNCTIONAL_MESH_CHECK_TIMEOUT=.soon."):
         check_timeout_seconds(True, {CHECK_TIMEOUT_ENV: "soon"})
