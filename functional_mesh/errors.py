@@ -43,7 +43,9 @@ def did_you_mean(name: object, choices: Iterable[str]) -> str:
     """Return " did you mean 'x'?" for the closest of ``choices``, or "" when none is close."""
     if not isinstance(name, str):
         return ""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
+    # A swap of two letters ("pd" for "dp") ties with a one-letter change ("tp"): prefer the anagram.
+    close.sort(key=lambda c: sorted(c) != sorted(name))
     return f"; did you mean {close[0]!r}?" if close else ""
 
 

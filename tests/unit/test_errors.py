@@ -98,6 +98,8 @@ def test_requires(args, text):
         ("zzz", ("dp", "tp"), ""),
         (3, ("dp", "tp"), ""),
         ("tp", (), ""),
+        ("pd", ("dp", "cp", "tp"), "; did you mean 'dp'?"),  # a swap beats a one-letter change
+        ("pt", ("dp", "cp", "tp"), "; did you mean 'tp'?"),
     ],
 )
 def test_did_you_mean(name, choices, suffix):
