@@ -25,7 +25,7 @@ Examples:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -76,6 +76,12 @@ def _table(row_labels: Sequence[str], col_labels: Sequence[str],
         body = "  ".join(_paint(t, k, color) + " " * (width - len(t)) for t, k in row)
         lines.append((label.ljust(left) + "  " + body).rstrip())
     return lines
+
+
+def _cells(rows: Sequence[int | None], cols: Sequence[int | None],
+           cell: Callable[[int, int], tuple[str, int | None]]) -> list[list[tuple[str, int | None]]]:
+    """The table body: ``cell(i, j)`` for drawn rows and columns, ``…`` where one was elided."""
+    return [[("…", None) if i is None or j is None else cell(i, j) for j in cols] for i in rows]
 
 
 def _check_flags(api: str, color: object, limit: object) -> int:
@@ -190,18 +196,12 @@ def _page(mesh: Mesh, group: int, lead: tuple[int, ...], family: Mesh | None, co
     rows, cols = _shown(shape[0], limit), _shown(shape[1], limit)
     col_labels = ["…" if j is None else (f"{col_name}={j}" if col_name else "") for j in cols]
     row_labels = ["…" if i is None else (f"{row_name}={i}" if row_name else "") for i in rows]
-    cells = []
-    for i in rows:
-        row = []
-        for j in cols:
-            if i is None or j is None:
-                row.append(("…", None))
-                continue
-            rank = _rank_at(mesh, group, lead + (i, j)[2 - len(sizes):])
-            mark = _group_index(family, rank) if family is not None else None
-            row.append((f"{rank}{_letters(mark) if mark is not None else ''}", mark))
-        cells.append(row)
-    return _table(row_labels, col_labels, cells, color)
+    def cell(i: int, j: int) -> tuple[str, int | None]:
+        rank = _rank_at(mesh, group, lead + (i, j)[2 - len(sizes):])
+        mark = _group_index(family, rank) if family is not None else None
+        return f"{rank}{_letters(mark) if mark is not None else ''}", mark
+
+    return _table(row_labels, col_labels, _cells(rows, cols, cell), color)
 
 
 def _block_label(s: slice) -> str:
@@ -295,16 +295,9 @@ def visualize_sharding(sharding: NamedSharding, global_shape: Sequence[int], *, 
     lead_dims, last_dims = range(max(len(shape) - 1, 0)), range(max(len(shape) - 1, 0), len(shape))
     row_labels = ["…" if i is None else label(lead_keys[i], lead_dims) for i in rows]
     col_labels = ["…" if j is None else label(last_keys[j], last_dims) for j in cols]
-    cells = []
-    for i in rows:
-        row = []
-        for j in cols:
-            if i is None or j is None:
-                row.append(("…", None))
-                continue
-            key = lead_keys[i] + last_keys[j]
-            ranks = by_block.get(key, [])
-            row.append((" ".join(_iter_ranks(ranks, limit)) or "-", index.get(key)))
-        cells.append(row)
-    lines += _table(row_labels, col_labels, cells, color)
+    def cell(i: int, j: int) -> tuple[str, int | None]:
+        key = lead_keys[i] + last_keys[j]
+        return " ".join(_iter_ranks(by_block.get(key, []), limit)) or "-", index.get(key)
+
+    lines += _table(row_labels, col_labels, _cells(rows, cols, cell), color)
     return "\n".join(lines)

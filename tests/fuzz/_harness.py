@@ -37,11 +37,13 @@ __all__ = [
     "Registry",
     "Shown",
     "bad",
+    "bad_axis_name",
     "fresh_name",
     "fresh_names",
     "is_open",
     "mentions",
     "misspell",
+    "pick",
     "run",
     "valid",
 ]
@@ -228,6 +230,26 @@ def fresh_names(taken: tuple[str, ...] | set[str], prefix: str = "n", k: int = 1
 
 def fresh_name(taken: tuple[str, ...] | set[str], prefix: str = "n") -> str:
     return fresh_names(taken, prefix)[0]
+
+
+def pick(draw, seq):
+    """One element of ``seq``, drawn by hypothesis (so it shrinks)."""
+    return draw(st.sampled_from(list(seq)))
+
+
+def bad_axis_name(draw, names: tuple[str, ...], extra_types: tuple[object, ...] = ()) -> tuple[str, object, dict]:
+    """``(label, value, bad-kwargs)`` for one axis-name slot that must be refused."""
+    kind = pick(draw, ["misspelt", "misspelt", "unknown", "type", "empty"])
+    if kind == "misspelt":
+        v = misspell(pick(draw, names), names)
+        return f"misspelt axis {v!r}", v, {"unknown_axis": v, "suggest": True}
+    if kind == "unknown":
+        v = fresh_name(names, "zz")
+        return f"unknown axis {v!r}", v, {"unknown_axis": v}
+    if kind == "empty":
+        return "empty axis name", "", {}
+    v = pick(draw, BAD_NAMES + extra_types)
+    return f"non-str axis {v!r}", v, {}
 
 
 # -- library bugs: fixed (regressions) and open -----------------------------------------------

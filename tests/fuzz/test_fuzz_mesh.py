@@ -22,11 +22,13 @@ from tests.fuzz._harness import (
     Registry,
     Shown,
     bad,
+    bad_axis_name,
     fresh_name,
     fresh_names,
     int_like,
     is_open,
     misspell,
+    pick,
     valid,
 )
 from tests.strategies import derived_meshes, factorizations
@@ -37,28 +39,9 @@ POOL = ("dp", "cp", "tp", "pp", "ep", "a", "b", "dp_shard")
 RANK_POOL_MAX = 200
 
 
-def pick(draw, seq):
-    return draw(st.sampled_from(list(seq)))
-
-
 def axis_meshes(min_axes: int = 1) -> st.SearchStrategy[Mesh]:
     """Derived meshes (select / flatten / unflatten / transpose / rename chains) with >= min_axes axes."""
     return derived_meshes(32).filter(lambda m: m.ndim >= min_axes)
-
-
-def bad_axis_name(draw, names: tuple[str, ...], extra_types: tuple[object, ...] = ()) -> tuple[str, object, dict]:
-    """``(label, value, bad-kwargs)`` for one axis-name slot that must be refused."""
-    kind = pick(draw, ["misspelt", "misspelt", "unknown", "type", "empty"])
-    if kind == "misspelt":
-        v = misspell(pick(draw, names), names)
-        return f"misspelt axis {v!r}", v, {"unknown_axis": v, "suggest": True}
-    if kind == "unknown":
-        v = fresh_name(names, "zz")
-        return f"unknown axis {v!r}", v, {"unknown_axis": v}
-    if kind == "empty":
-        return "empty axis name", "", {}
-    v = pick(draw, BAD_NAMES + extra_types)
-    return f"non-str axis {v!r}", v, {}
 
 
 # -- make_mesh -------------------------------------------------------------------------------

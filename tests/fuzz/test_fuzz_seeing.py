@@ -25,6 +25,7 @@ from tests.fuzz._harness import (
     int_like,
     is_open,
     misspell,
+    pick,
     valid,
 )
 from tests.fuzz.test_fuzz_sharding import specs_for
@@ -33,10 +34,6 @@ from tests.strategies import derived_meshes, factorizations
 REG = Registry()  # the test is made at the end of the module, after every entry point registered
 
 TOKENS = ("tp", "cp", "ep", "dp", "pp", "etp", "dp_shard")
-
-
-def pick(draw, seq):
-    return draw(st.sampled_from(list(seq)))
 
 
 def _check(cond: bool, what: object) -> None:

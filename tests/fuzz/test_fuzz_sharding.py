@@ -24,15 +24,12 @@ from tests.fuzz._harness import (
     bad,
     fresh_name,
     misspell,
+    pick,
     valid,
 )
 from tests.strategies import derived_meshes
 
 REG = Registry()  # the test is made at the end of the module, after every entry point registered
-
-
-def pick(draw, seq):
-    return draw(st.sampled_from(list(seq)))
 
 
 def _check(cond: bool, what: object) -> None:
