@@ -25,7 +25,9 @@ def run_python(code: str) -> list[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
 
 
-@pytest.mark.parametrize("module", ["functional_mesh", "functional_mesh.layout", "functional_mesh.mesh", "functional_mesh.sharding"])
+@pytest.mark.parametrize("module", ["functional_mesh", "functional_mesh.layout", "functional_mesh.mesh",
+                                    "functional_mesh.sharding", "functional_mesh.order", "functional_mesh.visualize",
+                                    "functional_mesh.__main__"])
 def test_pure_modules_import_without_torch(module):
     assert run_python(f"import sys, {module}; print('torch' in sys.modules)") == ["False"]
 
@@ -48,3 +50,18 @@ def test_fm_realize_stays_callable_after_importing_the_module():
         "print(callable(fm.realize), RealizedMesh.__name__)\n"
     )
     assert run_python(code) == ["True", "RealizedMesh"]
+
+
+def test_the_api_reference_documents_every_public_name():
+    import re
+    from pathlib import Path
+
+    import functional_mesh as fm
+    from functional_mesh.realize import RealizedMesh
+    from functional_mesh.sharding import NamedSharding
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
+    public = [*fm.__all__, *(f"{cls.__name__}.{m}" for cls in (fm.Mesh, RealizedMesh, NamedSharding)
+                             for m in dir(cls) if not m.startswith("_"))]
+    missing = [n for n in public if not re.search(r"\b" + re.escape(n.split(".")[-1]) + r"\b", text)]
+    assert missing == [], f"docs/api.md does not mention {missing}"
