@@ -35,7 +35,7 @@ from collections.abc import Set as AbstractSet
 import attrs
 import numpy as np
 
-from .errors import MeshError, check_int
+from .errors import MeshError, check_int, requires
 
 __all__ = [
     "Layout",
@@ -178,7 +178,7 @@ class Layout:
 
 def _int_tuple(api: str, name: str, value: int | Sequence[int]) -> tuple[int, ...]:
     if isinstance(value, (Mapping, AbstractSet)):  # unordered (a mapping would give its keys): not a shape
-        raise TypeError(f"`{api}` requires an int or a sequence of ints for {name}, but got {name}={value!r}")
+        raise TypeError(requires(api, f"an int or a sequence of ints for {name}", name, value))
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable) or getattr(value, "ndim", 1) == 0:
         return (check_int(api, name, value),)
     return tuple(check_int(api, name, v) for v in value)

@@ -326,7 +326,7 @@ def axis_report(mesh: Mesh, families: Sequence[tuple[Any, Mesh, int]], ranks_per
         (name,) = family.axis_names
         span = (family.host_span(per_host)[name] + f" ({per_host} ranks per host)" if per_host
                 else "host span unknown (LOCAL_WORLD_SIZE unset)")
-        label = key if isinstance(key, str) else "x".join(key)
+        label = key if isinstance(key, str) else "×".join(key)
         lines.append(f"realize {mesh!r}: axis {label} size={family.size} groups={family.num_groups} "
                      f"new_groups={created} {span}")
     return lines

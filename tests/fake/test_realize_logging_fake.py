@@ -51,7 +51,7 @@ def test_one_info_line_per_axis_on_rank_zero_with_size_groups_and_host_span(fake
         groups = expected_groups[axis]
         assert line == (f"rank 0: realize {mesh!r}: axis {axis} size={len(groups[0])} groups={len(groups)} "
                         f"new_groups={len(groups)} {span_by_hand(groups, 8)} (8 ranks per host)")
-    assert lines[3].startswith(f"rank 0: realize {mesh!r}: axis dpxcp size=4 groups=8 new_groups=8 cross-host (8 ranks per host)")
+    assert lines[3].startswith(f"rank 0: realize {mesh!r}: axis dp×cp size=4 groups=8 new_groups=8 cross-host (8 ranks per host)")
     caplog.clear()
     fm.realize(mesh)  # a hit: nothing new
     assert [r.getMessage().split(" new_groups=")[1].split(" ")[0] for r in caplog.records] == ["0", "0", "0"]
