@@ -31,15 +31,16 @@ import hashlib
 import math
 import os
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ._agree import _agree, _next_call
 from .errors import MeshError, check_int, requires
 from .interop import _realized
 from .mesh import _check_unique, _name_tuple
-from ._agree import _agree, _next_call
 from .realize import check_timeout_seconds
 
 __all__ = ["CHECK_COLLECTIVES_ENV", "all_gather", "all_to_all", "axis_index", "axis_size", "pmean", "ppermute", "psum",
@@ -166,75 +167,29 @@ def _exchange(x: torch.Tensor, group: Any, n: int, split_dim: int, concat_dim: i
     return torch.cat(pieces, dim=concat_dim)
 
 
-class _Psum(torch.autograd.Function):
+class _Comm(torch.autograd.Function):
+    """``forward(x)`` with ``backward(grad)`` as its autograd rule; ``None`` on a side is the identity.
+
+    ``where`` says who communicates (``{"group": pg}`` or ``{"members": ranks}``) for the debug
+    check, which runs before each side that communicates.
+    """
+
     @staticmethod
-    def forward(ctx, x, group, check, axes):
+    def forward(ctx, x, forward, backward, check, axes, where):
+        ctx.backward, ctx.check, ctx.axes, ctx.where = backward, check, axes, where
+        if forward is None:
+            return x.view_as(x)
         if check:
-            check(x, axes, group=group)
-        return _all_reduce(x, group)
+            check(x, axes, **where)
+        return forward(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None, None, None
-
-
-class _Pvary(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, check, axes):
-        ctx.group, ctx.check, ctx.axes = group, check, axes
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        if ctx.check:
-            ctx.check(grad, ctx.axes, group=ctx.group, backward=True)
-        return _all_reduce(grad, ctx.group), None, None, None
-
-
-class _AllGather(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, n, dim, check, axes):
-        ctx.group, ctx.n, ctx.dim, ctx.check, ctx.axes = group, n, dim, check, axes
-        if check:
-            check(x, axes, group=group)
-        return _gather(x, group, n, dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        if ctx.check:
-            ctx.check(grad, ctx.axes, group=ctx.group, backward=True)
-        return _scatter(grad, ctx.group, ctx.n, ctx.dim), None, None, None, None, None
-
-
-class _PsumScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, n, dim, check, axes):
-        ctx.group, ctx.n, ctx.dim, ctx.check, ctx.axes = group, n, dim, check, axes
-        if check:
-            check(x, axes, group=group)
-        return _scatter(x, group, n, dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        if ctx.check:
-            ctx.check(grad, ctx.axes, group=ctx.group, backward=True)
-        return _gather(grad, ctx.group, ctx.n, ctx.dim), None, None, None, None, None
-
-
-class _AllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group, n, split_dim, concat_dim, check, axes):
-        ctx.group, ctx.n, ctx.split_dim, ctx.concat_dim = group, n, split_dim, concat_dim
-        ctx.check, ctx.axes = check, axes
-        if check:
-            check(x, axes, group=group)
-        return _exchange(x, group, n, split_dim, concat_dim)
-
-    @staticmethod
-    def backward(ctx, grad):
-        if ctx.check:
-            ctx.check(grad, ctx.axes, group=ctx.group, backward=True)
-        return _exchange(grad, ctx.group, ctx.n, ctx.concat_dim, ctx.split_dim), None, None, None, None, None, None
+        if ctx.backward is not None:
+            if ctx.check:
+                ctx.check(grad, ctx.axes, backward=True, **ctx.where)
+            grad = ctx.backward(grad)
+        return grad, None, None, None, None, None
 
 
 def _send_recv(x: torch.Tensor, members: list[int], me: int, pairs: list[tuple[int, int]]) -> torch.Tensor:
@@ -253,22 +208,6 @@ def _send_recv(x: torch.Tensor, members: list[int], me: int, pairs: list[tuple[i
         for work in dist.batch_isend_irecv(ops):
             work.wait()
     return out
-
-
-class _Ppermute(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, members, me, pairs, check, axes):
-        ctx.members, ctx.me, ctx.pairs, ctx.check, ctx.axes = members, me, pairs, check, axes
-        if check:
-            check(x, axes, members=members)
-        return _send_recv(x, members, me, pairs)
-
-    @staticmethod
-    def backward(ctx, grad):
-        if ctx.check:
-            ctx.check(grad, ctx.axes, members=ctx.members, backward=True)
-        inverse = [(d, s) for s, d in ctx.pairs]
-        return _send_recv(grad, ctx.members, ctx.me, inverse), None, None, None, None, None
 
 
 # -- public API ----------------------------------------------------------------------------------
@@ -300,7 +239,7 @@ def _psum(api: str, x: torch.Tensor, axis: str | Sequence[str], rm: Any) -> torc
     groups = _groups(api, rm, names)
     check = _check(api, rm, names)
     for group, _, axes in groups:
-        x = _Psum.apply(x, group, check, axes)
+        x = _Comm.apply(x, partial(_all_reduce, group=group), None, check, axes, {"group": group})
     return x
 
 
@@ -323,7 +262,7 @@ def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: Any = None) -> to
     groups = _groups("pvary", rm, names)
     check = _check("pvary", rm, names)
     for group, _, axes in groups:
-        x = _Pvary.apply(x, group, check, axes)
+        x = _Comm.apply(x, None, partial(_all_reduce, group=group), check, axes, {"group": group})
     return x
 
 
@@ -340,7 +279,8 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
     d = _dim("all_gather", x, dim)
     check = _check("all_gather", rm, names, f", dim={d}, tiled={tiled}")
     for group, n, axes in reversed(groups):  # innermost axis first: the outermost ends up major
-        x = _AllGather.apply(x, group, n, d, check, axes)
+        x = _Comm.apply(x, partial(_gather, group=group, n=n, dim=d), partial(_scatter, group=group, n=n, dim=d),
+                        check, axes, {"group": group})
     return x
 
 
@@ -359,7 +299,8 @@ def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, ti
         raise MeshError(requires("psum_scatter", rule, f"x.shape[{d}]", x.shape[d]), mesh=rm.mesh)
     check = _check("psum_scatter", rm, names, f", dim={d}, tiled={tiled}")
     for group, size, axes in groups:  # outermost axis first
-        x = _PsumScatter.apply(x, group, size, d, check, axes)
+        x = _Comm.apply(x, partial(_scatter, group=group, n=size, dim=d), partial(_gather, group=group, n=size, dim=d),
+                        check, axes, {"group": group})
     return x if tiled else x.squeeze(d)
 
 
@@ -390,7 +331,8 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
         raise MeshError(requires("all_to_all", f"split_dim divisible by {n}", f"x.shape[{s}]", x.shape[s]),
                         mesh=rm.mesh)
     check = _check("all_to_all", rm, names, f", split_dim={s}, concat_dim={c}")
-    return _AllToAll.apply(x, group, n, s, c, check, step)
+    return _Comm.apply(x, partial(_exchange, group=group, n=n, split_dim=s, concat_dim=c),
+                       partial(_exchange, group=group, n=n, split_dim=c, concat_dim=s), check, step, {"group": group})
 
 
 def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int]], *,
@@ -418,7 +360,9 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
                             mesh=rm.mesh)
     members = rm.mesh[names].group_of(rm.rank).reshape(-1).tolist()
     check = _check("ppermute", rm, names, f", perm={pairs}")
-    return _Ppermute.apply(x, members, axis_index(names, mesh=rm), pairs, check, names)
+    me, inverse = axis_index(names, mesh=rm), [(d, s) for s, d in pairs]
+    return _Comm.apply(x, partial(_send_recv, members=members, me=me, pairs=pairs),
+                       partial(_send_recv, members=members, me=me, pairs=inverse), check, names, {"members": members})
 
 
 def axis_index(axis: str | Sequence[str], *, mesh: Any = None) -> int:
