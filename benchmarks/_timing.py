@@ -374,6 +374,11 @@ def bench_parser(doc: str, docs_path: str, quick_help: str, runs_help: str) -> a
     return p
 
 
+def int_tuple(text: str) -> tuple[int, ...]:
+    """An argparse ``type`` for comma-separated ints: ``"32,4096"`` -> ``(32, 4096)``."""
+    return tuple(int(x) for x in text.split(",") if x)
+
+
 def run_settings(args: argparse.Namespace) -> tuple[int, float]:
     """``(runs, target_ms)`` from the shared options: 7 runs of ~20 ms, or 3 of ~5 ms with --quick."""
     return args.runs or (3 if args.quick else 7), args.target_ms or (5.0 if args.quick else 20.0)

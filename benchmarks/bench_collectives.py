@@ -231,7 +231,7 @@ def report(rows: list[dict[str, Any]], meta: dict[str, str], wall_s: float, quic
 def main(argv: list[str] | None = None) -> int:
     p = T.bench_parser(__doc__, str(DOCS.relative_to(REPO)), "W=2 only, fewer repetitions (smoke)",
                        "unused (timing is per call here; see --reps)")
-    p.add_argument("--worlds", type=lambda s: tuple(int(x) for x in s.split(",") if x), default=None,
+    p.add_argument("--worlds", type=T.int_tuple, default=None,
                    help="comma-separated even world sizes (default 2,8; quick 2)")
     p.add_argument("--reps", type=int, default=None, help="timed repetitions per series per rank (default 200; "
                                                           "W=8: 100; quick 40)")

@@ -755,9 +755,9 @@ def report(configs: list[dict[str, Any]], meta: dict[str, str], wall_s: float, q
 def main(argv: list[str] | None = None) -> int:
     p = T.bench_parser(__doc__, str(DOCS.relative_to(REPO)), "fake W=32 and gloo W=4 only, fewer repetitions (smoke)",
                        "timed runs of the cache-hit figure (default 7; quick 3)")
-    p.add_argument("--fake-worlds", type=lambda s: tuple(int(x) for x in s.split(",") if x), default=None,
+    p.add_argument("--fake-worlds", type=T.int_tuple, default=None,
                    help="comma-separated fake world sizes (multiples of 32); default 32,4096")
-    p.add_argument("--gloo-worlds", type=lambda s: tuple(int(x) for x in s.split(",") if x), default=None,
+    p.add_argument("--gloo-worlds", type=T.int_tuple, default=None,
                    help="comma-separated gloo world sizes (4 and/or 8); default 4,8; empty: none")
     p.add_argument("--reps", type=int, default=None,
                    help="sequence repetitions per worker, after one warm-up (default 3)")

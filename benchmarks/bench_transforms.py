@@ -406,7 +406,7 @@ def report(results: dict[int, dict[str, dict[str, Any]]], meta: dict[str, str], 
 def main(argv: list[str] | None = None) -> int:
     p = T.bench_parser(__doc__, str(DOCS.relative_to(REPO)), "W = 4,096 only, 3 runs of ~5 ms (smoke test)",
                        "timed runs per figure (default 7; quick: 3)")
-    p.add_argument("--worlds", type=lambda s: tuple(int(x) for x in s.split(",")), default=None,
+    p.add_argument("--worlds", type=T.int_tuple, default=None,
                    help="comma-separated world sizes (multiples of 512); default 4096,65536,1048576")
     p.add_argument("--no-torch", action="store_true", help="measure ours only")
     args = p.parse_args(argv)
