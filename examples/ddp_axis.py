@@ -35,12 +35,6 @@ LR = 0.1
 TOL = 1e-5
 
 
-def local_device(rm: fm.RealizedMesh) -> torch.device:
-    if rm.device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(rm.device_type)
-
-
 def slice_batch(tp_index: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch of one tp slice: the same on the slice's ranks, different across slices."""
     g = torch.Generator().manual_seed(100 + tp_index)
@@ -71,7 +65,7 @@ def main() -> None:
         raise SystemExit(f"ddp_axis.py needs {DP * TP} processes, got {world}")
     mesh = fm.make_mesh((DP, TP), ("dp", "tp"))
     rm = fm.realize(mesh)
-    rank, device = rm.rank, local_device(rm)
+    rank, device = rm.rank, rm.device
     dp_group = rm.group("dp")
     dp_rank, tp_index = rm.local_rank("dp"), rm.local_rank("tp")
     assert dist.get_process_group_ranks(dp_group) == mesh["dp"].group_of(rank).tolist()

@@ -45,20 +45,13 @@ class ToyModel(nn.Module):  # the tutorial's model
         return self.net2(self.relu(self.net1(x)))
 
 
-def local_device(rm: fm.RealizedMesh) -> torch.device:
-    """This rank's device: realize() has set the current CUDA device from LOCAL_RANK."""
-    if rm.device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(rm.device_type)
-
-
 def main() -> None:
     # FSDP2 notes (once per rank) that the root returns a view; we never modify it in place.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
     mesh = fm.make_mesh((REPLICATE, SHARD), ("replicate", "shard"))
     rm = fm.realize(mesh)
-    device = local_device(rm)
+    device = rm.device
 
     torch.manual_seed(0)
     model = ToyModel().to(device)

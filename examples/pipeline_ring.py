@@ -38,12 +38,6 @@ TOL = 1e-5
 RING = [(i, (i + 1) % PP) for i in range(PP)]
 
 
-def local_device(rm: fm.RealizedMesh) -> torch.device:
-    if rm.device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(rm.device_type)
-
-
 def make_layers() -> nn.ModuleList:
     torch.manual_seed(0)
     return nn.ModuleList(nn.Linear(DIM, DIM) for _ in range(PP))
@@ -81,7 +75,7 @@ def main() -> None:
         raise SystemExit(f"pipeline_ring.py needs {PP * DP} processes, got {world}")
     mesh = fm.make_mesh((PP, DP), ("pp", "dp"))
     rm = fm.realize(mesh)
-    rank, device = rm.rank, local_device(rm)
+    rank, device = rm.rank, rm.device
     stage, dp_index = rm.local_rank("pp"), rm.local_rank("dp")
 
     layers = make_layers()

@@ -37,12 +37,6 @@ LOCAL_BATCH = 3  # rows per dp rank
 TOL = 1e-5
 
 
-def local_device(rm: fm.RealizedMesh) -> torch.device:
-    if rm.device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(rm.device_type)
-
-
 def full_problem() -> tuple[torch.Tensor, ...]:
     """Weights, global batch and targets: the same on every rank (generated on CPU)."""
     g = torch.Generator().manual_seed(0)
@@ -74,7 +68,7 @@ def main() -> None:
         raise SystemExit(f"tp_mlp.py needs {DP * TP} processes, got {world}")
     mesh = fm.make_mesh((DP, TP), ("dp", "tp"))
     rm = fm.realize(mesh)
-    rank, device = rm.rank, local_device(rm)
+    rank, device = rm.rank, rm.device
 
     w1_full, w2_full, x_full, t_full = full_problem()
     col = fm.NamedSharding(mesh, fm.P("tp", None))  # fc1: output features over tp

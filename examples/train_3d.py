@@ -56,13 +56,6 @@ class MLP(nn.Module):
         return self.fc2(self.relu(self.fc1(x)))
 
 
-def local_device(rm: fm.RealizedMesh) -> torch.device:
-    """This rank's device: realize() has set the current CUDA device from LOCAL_RANK."""
-    if rm.device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(rm.device_type)
-
-
 def global_batch(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The same fixed batch on every rank (generated on CPU, so it is device-independent)."""
     g = torch.Generator().manual_seed(1234)
@@ -121,7 +114,7 @@ def main() -> None:
     # used below to average the loss over the data-parallel ranks for printing.
     rm = fm.realize(mesh, products=[DP])
     rank = rm.rank
-    device = local_device(rm)
+    device = rm.device
 
     torch.manual_seed(0)
     model = MLP().to(device)

@@ -527,6 +527,13 @@ class RealizedMesh:
         """True when the product group of ``axes`` was realized with this mesh."""
         return axes in self._groups
 
+    @property
+    def device(self) -> torch.device:
+        """This rank's device: ``cuda:<current device>`` (realize set it from LOCAL_RANK) or ``cpu``."""
+        if self.device_type == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device(self.device_type)
+
     def local_rank(self, axis: str) -> int:
         """This rank's index along ``axis`` (its coordinate; also its group rank)."""
         i = self.mesh.axis_index_of(axis, "RealizedMesh.local_rank")

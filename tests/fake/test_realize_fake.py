@@ -13,6 +13,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
 from torch.distributed.device_mesh import init_device_mesh
@@ -222,6 +223,15 @@ def test_with_sets_the_current_mesh(world):
             assert fm.current_mesh() is b
         assert fm.current_mesh() is a
     assert fm.current_mesh() is None
+
+
+def test_device_is_cpu_or_the_current_cuda_device(world, monkeypatch):
+    world(3, 8)
+    mesh = fm.make_mesh((2, 4), ("dp", "tp"))
+    assert fm.realize(mesh).device == torch.device("cpu")
+    # the CUDA branch (no GPU here): the device realize made current from LOCAL_RANK
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert fm.realize(mesh, device_type="cuda").device == torch.device("cuda", 3)
 
 
 def test_bad_arguments(world):
