@@ -159,11 +159,7 @@ class Layout:
             raise MeshError(
                 f"`Layout.__call__` requires a coordinate in [0, {self.size}), but got coordinate={i!r}"
             )
-        index = 0
-        for s, d in reversed(self.modes):
-            i, digit = divmod(i, s)
-            index += digit * d
-        return index
+        return modes_value(self.modes, i)
 
     def __repr__(self) -> str:
         return f"Layout({self})"
@@ -377,6 +373,18 @@ def decompose(layout: Layout, n: int, index: int) -> tuple[int, int]:
         raise MeshError(f"`decompose` requires an index in [0, {n}), but got index={index!r}")
     comp = complement_modes(layout.modes, n, layout)
     return digits_value(comp, index), digits_value(layout.modes, index)
+
+
+def modes_value(modes: Modes, coordinate: int) -> int:
+    """The index of flat (row-major) ``coordinate`` under ``modes``: the layout's function, unchecked.
+
+    The inverse direction of :func:`digits_value` for an index the modes own.
+    """
+    index = 0
+    for s, d in reversed(modes):
+        coordinate, digit = divmod(coordinate, s)
+        index += digit * d
+    return index
 
 
 def digits_value(modes: Modes, index: int) -> int:

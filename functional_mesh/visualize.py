@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from . import layout as L
 from .errors import MeshError, check_int, requires, unknown_axis
 from .mesh import Mesh
 from .sharding import NamedSharding
@@ -163,28 +164,16 @@ def visualize(mesh: Mesh, axis: str | None = None, *, color: bool = False, max_s
     return "\n".join(lines)
 
 
-def _value(modes: Sequence[tuple[int, int]], i: int) -> int:
-    """A layout's value at coordinate ``i``: row-major digits over ``modes`` times their strides."""
-    pos = 0
-    for size, stride in reversed(modes):
-        i, digit = divmod(i, size)
-        pos += digit * stride
-    return pos
-
-
 def _rank_at(mesh: Mesh, group: int, coord: Sequence[int]) -> int:
     """The global rank at ``coord`` of group ``group`` (torch's group order), in O(modes)."""
-    pos = _value(mesh._complement, group) + sum(_value(lay.modes, c) for lay, c in zip(mesh._layouts, coord))
+    pos = L.modes_value(mesh._complement, group)
+    pos += sum(L.modes_value(lay.modes, c) for lay, c in zip(mesh._layouts, coord))
     return int(mesh.device_list.take(np.asarray(pos, dtype=np.int64)))
 
 
 def _group_index(family: Mesh, rank: int) -> int:
     """Which group of ``family`` holds ``rank`` (the inverse of the group part of :func:`_rank_at`)."""
-    index = family.device_list.index_of(rank)
-    value = 0
-    for size, stride in family._complement:
-        value = value * size + (index // stride) % size
-    return value
+    return L.digits_value(family._complement, family.device_list.index_of(rank))
 
 
 def _page(mesh: Mesh, group: int, lead: tuple[int, ...], family: Mesh | None, color: bool, limit: int) -> list[str]:
