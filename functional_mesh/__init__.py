@@ -1,8 +1,10 @@
 """functional_mesh: device meshes as values, process groups at one effectful step.
 
-The pure layer (``Mesh``, ``make_mesh``, layouts) imports without torch. The effectful and
-torch-facing parts (``realize``, collectives, interop) load on first use (PEP 562), so
-planning a mesh needs no torch at all.
+This module only re-exports; the implementation lives in private modules (``_mesh.py``,
+``_realize.py``, ...) whose floors ``README.md`` in this folder lists. The pure layer (``Mesh``,
+``make_mesh``, shardings, layouts) imports without torch; the effectful and torch-facing names
+(``realize``, collectives, interop) load their module on first use (PEP 562), so planning a mesh
+needs no torch at all.
 """
 
 from __future__ import annotations
@@ -10,35 +12,37 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .errors import MeshError, UnknownAxisError
-from .layout import Layout
-from .mesh import Mesh, MeshShape, make_mesh
-from .order import mesh_from_order, order_axes
-from .sharding import NamedSharding, P, PartitionSpec
-from .visualize import visualize, visualize_sharding
+from . import layout as layout  # the public layout-algebra module: fm.layout.complement, ...
+from ._errors import MeshError, UnknownAxisError
+from ._layout import Layout
+from ._mesh import Mesh, MeshShape, make_mesh
+from ._order import mesh_from_order, order_axes
+from ._sharding import NamedSharding, P, PartitionSpec
+from ._visualize import visualize, visualize_sharding
 
 __version__ = "0.1.0"
 
-# name -> submodule that defines it; loaded on first attribute access.
+# name -> private module that defines it, imported on first attribute access: these modules
+# import torch, which the names above never need.
 _LAZY: dict[str, str] = {
-    "realize": "realize",
-    "RealizedMesh": "realize",
-    "CacheInfo": "realize",
-    "cache_info": "realize",
-    "clear_cache": "realize",
-    "current_mesh": "realize",
-    "from_device_mesh": "interop",
-    "distribute": "interop",
-    "sharding_of": "interop",
-    "psum": "collectives",
-    "pmean": "collectives",
-    "pvary": "collectives",
-    "all_gather": "collectives",
-    "psum_scatter": "collectives",
-    "all_to_all": "collectives",
-    "ppermute": "collectives",
-    "axis_index": "collectives",
-    "axis_size": "collectives",
+    "realize": "_realize",
+    "RealizedMesh": "_handle",
+    "current_mesh": "_handle",
+    "CacheInfo": "_cache",
+    "cache_info": "_cache",
+    "clear_cache": "_cache",
+    "from_device_mesh": "_interop",
+    "distribute": "_interop",
+    "sharding_of": "_interop",
+    "psum": "_collectives",
+    "pmean": "_collectives",
+    "pvary": "_collectives",
+    "all_gather": "_collectives",
+    "psum_scatter": "_collectives",
+    "all_to_all": "_collectives",
+    "ppermute": "_collectives",
+    "axis_index": "_collectives",
+    "axis_size": "_collectives",
 }
 
 __all__ = [
@@ -51,13 +55,9 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'functional_mesh' has no attribute {name!r}")
-    loaded = importlib.import_module(f".{module}", __name__)
-    # Importing a submodule binds it as a package attribute: for ``realize`` (module and
-    # function share the name) that shadows the function, so bind the function back.
-    for lazy, where in _LAZY.items():
-        if where == module:
-            globals()[lazy] = getattr(loaded, lazy)
-    return globals()[name]
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
 
 def __dir__() -> list[str]:

@@ -15,11 +15,11 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 
-from .errors import MeshError
-from .mesh import Mesh, make_mesh
-from .order import mesh_from_order
-from .sharding import NamedSharding, P
-from .visualize import visualize, visualize_sharding
+from ._errors import MeshError
+from ._mesh import Mesh, make_mesh
+from ._order import mesh_from_order
+from ._sharding import NamedSharding, P
+from ._visualize import visualize, visualize_sharding
 
 EXAMPLES = """\
 examples:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .errors import MeshError
+from ._errors import MeshError
 
 __all__: list[str] = []
 
@@ -92,7 +92,7 @@ def _lead(store: Any, label: str, prefix: str, participants: Sequence[int], requ
         verdict = (f"ranks {missing} did not reach {label} within {wait_s:g} s (the others asked for {request})"
                    + _last_seen(store, missing))
     else:
-        verdict = _compare(label, {r: v.decode() for r, v in zip(participants, store.multi_get(keys))})
+        verdict = _compare(label, {r: v.decode() for r, v in zip(participants, store.multi_get(keys), strict=True)})
     return _decide(store, verdict_key, verdict or "ok")
 
 

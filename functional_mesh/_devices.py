@@ -6,18 +6,15 @@ cost O(ndim) whatever the world size, and comparing two of them is an identity c
 
 from __future__ import annotations
 
-import operator
 import sys
-from collections.abc import Iterable, Mapping
-from collections.abc import Set as AbstractSet
 
 import numpy as np
 
-from .errors import MeshError, requires
+from ._errors import MeshError, requires
+from ._validate import MAX_RANK, as_int_array
 
 __all__ = ["DeviceList"]
 
-MAX_RANK = 2**63 - 1  # ranks are int64; a list is also indexed by int64 positions
 
 
 class DeviceList:
@@ -73,7 +70,7 @@ class DeviceList:
             return values
         if isinstance(values, range):
             return cls.from_range(values, api)
-        array = int_array(api, values).reshape(-1)
+        array = as_int_array(api, values).reshape(-1)
         n = array.size
         if n and array.min() < 0:
             bad = int(array[array < 0][0])
@@ -211,50 +208,3 @@ def _range_len(api: str, r: range) -> int:
     if n > sys.maxsize:  # len(r) would raise OverflowError
         raise MeshError(requires(api, f"at most {sys.maxsize} devices", "devices", r))
     return n
-
-
-def int_array(api: str, values: object) -> np.ndarray:
-    """An int64 array (nesting kept as shape) from ints only: floats, bools, strings are a ``TypeError``.
-
-    Unordered containers (sets, and mappings, whose iteration would silently give their keys) are a
-    ``TypeError`` too: a device list has an order.
-    """
-    if isinstance(values, (str, bytes)):
-        raise TypeError(requires(api, "an iterable of int ranks for devices", "devices", values))
-    if isinstance(values, (Mapping, AbstractSet)):
-        raise TypeError(requires(api, "an ordered iterable of int ranks for devices", "devices", values))
-    if hasattr(values, "detach") and hasattr(values, "cpu"):  # a torch tensor, without importing torch
-        values = values.detach().cpu().numpy()
-    if isinstance(values, np.ndarray):
-        if values.dtype.kind not in "iu":
-            raise TypeError(requires(api, "integer devices", "devices dtype", str(values.dtype)))
-        if values.dtype.kind == "u" and values.size and int(values.max()) > MAX_RANK:
-            raise MeshError(requires(api, f"global ranks up to {MAX_RANK}", "device", int(values.max())))
-        return values.astype(np.int64, copy=False)
-    if not isinstance(values, Iterable):
-        raise TypeError(requires(api, "an iterable of int ranks for devices", "devices", values))
-    if not isinstance(values, (list, tuple)):
-        values = list(values)
-    _flatten_ints(api, values, [])
-    try:
-        return np.asarray(values, dtype=np.int64)
-    except ValueError:
-        raise MeshError(requires(api, "a rectangular (non-ragged) nesting of ranks", "devices", values)) from None
-
-
-def _flatten_ints(api: str, values: Iterable, out: list[int]) -> None:
-    for v in values:
-        if isinstance(v, (list, tuple, np.ndarray)):
-            _flatten_ints(api, v, out)
-            continue
-        if isinstance(v, (bool, np.bool_)):
-            raise TypeError(requires(api, "int devices", "device", v))
-        try:
-            rank = operator.index(v)
-        except TypeError:
-            raise TypeError(requires(api, "int devices", "device", v)) from None
-        if rank > MAX_RANK:  # np.asarray(..., int64) would raise OverflowError
-            raise MeshError(requires(api, f"global ranks up to {MAX_RANK}", "device", rank))
-        if rank < -MAX_RANK - 1:
-            raise MeshError(requires(api, "non-negative global ranks", "device", rank))
-        out.append(rank)

@@ -7,7 +7,7 @@ import math
 from hypothesis import strategies as st
 
 import functional_mesh as fm
-from functional_mesh.layout import Layout
+from functional_mesh import Layout
 
 NAMES = ("a", "b", "c", "d", "e", "f")
 

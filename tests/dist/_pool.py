@@ -64,7 +64,7 @@ class Outcome(NamedTuple):
     rank: int
     ok: bool
     value: Any = None  # the check's return value when ok
-    error_type: str = ""  # e.g. "functional_mesh.errors.MeshError"
+    error_type: str = ""  # e.g. "functional_mesh.MeshError"
     message: str = ""  # str(exception)
     traceback: str = ""
 
@@ -169,7 +169,7 @@ def _close_worker(conn: mpc.Connection, barrier_s: float) -> None:
         # Nobody leaves while another rank may still talk to it (a rank exiting early makes
         # gloo report "Connection closed by peer" on the others); bounded, unlike barrier().
         dist.monitored_barrier(timeout=datetime.timedelta(seconds=barrier_s), wait_all_ranks=True)
-        realize = sys.modules.get("functional_mesh.realize")
+        realize = sys.modules.get("functional_mesh._cache")
         if realize is not None:
             realize.clear_cache()
         dist.destroy_process_group()

@@ -263,3 +263,28 @@ def test_a_large_world_is_one_pass_of_distinct_groups(world):
     expected = sum(len(rows(mesh, a)) for a in mesh.axis_names)
     assert calls["world"] == expected == fm.cache_info().groups
     assert dist.get_process_group_ranks(rm.group("tp")) == list(range(4088, 4096))
+
+
+# -- the handle is read-only -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attribute", ["mesh", "rank", "coordinate", "device_type", "backend", "device_mesh",
+                                       "axis_names", "new_attribute"])
+def test_realized_mesh_refuses_assignment(world, attribute):
+    world(5, 8)
+    mesh = fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))
+    rm = fm.realize(mesh)
+    before = (rm.mesh, rm.rank, rm.coordinate, rm.group("tp"))
+    with pytest.raises(AttributeError):
+        setattr(rm, attribute, fm.make_mesh((8,), ("w",)))
+    with pytest.raises(AttributeError):
+        delattr(rm, attribute)
+    assert (rm.mesh, rm.rank, rm.coordinate, rm.group("tp")) == before
+    assert rm.coordinate == mesh.coordinate(5) == (1, 0, 1)
+
+
+def test_realized_mesh_has_no_instance_dict(world):
+    world(0, 4)
+    rm = fm.realize(fm.make_mesh((2, 2), ("dp", "tp")))
+    assert not hasattr(rm, "__dict__")
+    assert rm["tp"].mesh == rm.mesh["tp"]  # selections are built without assignment, too

@@ -15,7 +15,7 @@ import torch
 from hypothesis import strategies as st
 
 from functional_mesh import Layout, Mesh, NamedSharding, P, PartitionSpec
-from functional_mesh import layout as L
+from functional_mesh import _layout as L
 from tests.fuzz._harness import (
     _OBJ,
     BAD_INTS,

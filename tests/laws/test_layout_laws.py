@@ -14,7 +14,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from functional_mesh import MeshError
-from functional_mesh.layout import (
+from functional_mesh._layout import (
     Layout,
     complement,
     composition,

@@ -44,7 +44,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import functional_mesh as fm
-from functional_mesh import layout as L
+from functional_mesh import _layout as L
 
 if not dist.is_available():  # pragma: no cover - every supported torch build has it
     pytest.skip("torch.distributed is not available", allow_module_level=True)

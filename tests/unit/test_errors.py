@@ -18,8 +18,9 @@ import pytest
 
 import functional_mesh as fm
 from functional_mesh import Layout, Mesh, MeshError, UnknownAxisError, make_mesh
-from functional_mesh import errors as E
-from functional_mesh import layout as L
+from functional_mesh import _errors as E
+from functional_mesh import _layout as L
+from functional_mesh._validate import as_int
 
 DP_TP = make_mesh((2, 4), ("dp", "tp"))
 TEMPLATE = re.compile(r"^`[^`]+` requires .+, but got .+=.+")
@@ -110,16 +111,16 @@ def test_did_you_mean(name, choices, suffix):
     ("value", "expected"),
     [(3, 3), (np.int64(3), 3), (np.uint8(3), 3), (np.array(3), 3), (-2, -2), (10**30, 10**30)],
 )
-def test_check_int_accepts_integers(value, expected):
-    out = E.check_int("api", "n", value)
+def test_as_int_accepts_integers(value, expected):
+    out = as_int("api", "n", value)
     assert out == expected
     assert type(out) is int
 
 
 @pytest.mark.parametrize("value", [3.0, True, False, np.bool_(True), "3", None, [3], np.float64(3.0), 1 + 0j])
-def test_check_int_rejects_non_integers(value):
+def test_as_int_rejects_non_integers(value):
     with pytest.raises(TypeError, match=r"^`api` requires an int for n, but got n="):
-        E.check_int("api", "n", value)
+        as_int("api", "n", value)
 
 
 # -- "did you mean" in every API that takes an axis name -----------------------------------------

@@ -13,8 +13,8 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from functional_mesh.errors import MeshError
-from functional_mesh.layout import (
+from functional_mesh import MeshError
+from functional_mesh._layout import (
     Layout,
     coalesce,
     complement,

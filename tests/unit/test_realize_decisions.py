@@ -11,7 +11,7 @@ import pytest
 
 from functional_mesh import MeshError
 from functional_mesh._agree import _compare
-from functional_mesh.realize import (
+from functional_mesh._realize_plan import (
     CHECK_TIMEOUT_ENV,
     InitPlan,
     check_timeout_seconds,

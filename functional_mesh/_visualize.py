@@ -29,10 +29,11 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import layout as L
-from .errors import MeshError, check_int, requires, unknown_axis
-from .mesh import Mesh
-from .sharding import NamedSharding
+from . import _layout as L
+from ._errors import MeshError, requires, unknown_axis
+from ._validate import as_int
+from ._mesh import Mesh, axis_layouts, family_modes
+from ._sharding import NamedSharding, global_shape_of
 
 __all__ = ["visualize", "visualize_sharding"]
 
@@ -73,7 +74,7 @@ def _table(row_labels: Sequence[str], col_labels: Sequence[str],
     left = max([len(r) for r in row_labels] + [0])
     head = (" " * left + "  " + "  ".join(c.ljust(width) for c in col_labels)).rstrip()
     lines = [head] if head else []
-    for label, row in zip(row_labels, cells):
+    for label, row in zip(row_labels, cells, strict=True):
         body = "  ".join(_paint(t, k, color) + " " * (width - len(t)) for t, k in row)
         lines.append((label.ljust(left) + "  " + body).rstrip())
     return lines
@@ -88,7 +89,7 @@ def _cells(rows: Sequence[int | None], cols: Sequence[int | None],
 def _check_flags(api: str, color: object, limit: object) -> int:
     if not isinstance(color, bool):
         raise TypeError(requires(api, "a bool for color", "color", color))
-    limit = check_int(api, "max_side", limit)
+    limit = as_int(api, "max_side", limit)
     if limit < 2:
         raise MeshError(requires(api, "max_side >= 2 (rows, columns, pages and groups drawn)", "max_side", limit))
     return limit
@@ -142,13 +143,14 @@ def visualize(mesh: Mesh, axis: str | None = None, *, color: bool = False, max_s
             continue
         g, rest = divmod(page, math.prod(lead))
         coords = tuple(int(c) for c in np.unravel_index(rest, lead)) if lead else ()
-        label = ([f"group {g}"] if mesh.num_groups > 1 else []) + [f"{n}={c}" for n, c in zip(names, coords)]
+        label = [f"group {g}"] if mesh.num_groups > 1 else []
+        label += [f"{n}={c}" for n, c in zip(names[:len(lead)], coords, strict=True)]
         if label:
             lines.append(", ".join(label))
         lines += _page(mesh, g, coords, family, color, limit)
     lines.append("groups of each axis:" if names else "no axes: one device, no groups")
     width = max(len(n) for n in names) if names else 0
-    for n, s in zip(names, sizes):
+    for n, s in zip(names, sizes, strict=True):
         family = mesh[n]
         shown = []
         for i in _shown(family.num_groups, limit):
@@ -166,14 +168,14 @@ def visualize(mesh: Mesh, axis: str | None = None, *, color: bool = False, max_s
 
 def _rank_at(mesh: Mesh, group: int, coord: Sequence[int]) -> int:
     """The global rank at ``coord`` of group ``group`` (torch's group order), in O(modes)."""
-    pos = L.modes_value(mesh._complement, group)
-    pos += sum(L.modes_value(lay.modes, c) for lay, c in zip(mesh._layouts, coord))
+    pos = L.modes_value(family_modes(mesh), group)
+    pos += sum(L.modes_value(lay.modes, c) for lay, c in zip(axis_layouts(mesh), coord, strict=True))
     return int(mesh.device_list.take(np.asarray(pos, dtype=np.int64)))
 
 
 def _group_index(family: Mesh, rank: int) -> int:
     """Which group of ``family`` holds ``rank`` (the inverse of the group part of :func:`_rank_at`)."""
-    return L.digits_value(family._complement, family.device_list.index_of(rank))
+    return L.digits_value(family_modes(family), family.device_list.index_of(rank))
 
 
 def _page(mesh: Mesh, group: int, lead: tuple[int, ...], family: Mesh | None, color: bool, limit: int) -> list[str]:
@@ -200,7 +202,7 @@ def _block_label(s: slice) -> str:
 def _ravel(coords: Sequence[int], sizes: Sequence[int]) -> int:
     """Row-major index of ``coords`` (first axis major, as a spec tuple splits)."""
     index = 0
-    for c, n in zip(coords, sizes):
+    for c, n in zip(coords, sizes, strict=True):
         index = index * n + c
     return index
 
@@ -249,7 +251,7 @@ def visualize_sharding(sharding: NamedSharding, global_shape: Sequence[int], *, 
     if not isinstance(sharding, NamedSharding):
         raise TypeError(requires(api, "a functional_mesh.NamedSharding", "sharding", sharding))
     limit = _check_flags(api, color, max_side)
-    shape = sharding._shape(api, global_shape)
+    shape = global_shape_of(sharding, api, global_shape)
     mesh, spec = sharding.mesh, sharding.spec
     if mesh.num_devices > MAX_SHARDING_DEVICES:  # it lists every rank's block: O(devices)
         raise MeshError(requires(api, f"a mesh of at most {MAX_SHARDING_DEVICES:,} devices (every holder of every "
@@ -260,12 +262,12 @@ def visualize_sharding(sharding: NamedSharding, global_shape: Sequence[int], *, 
     by_block: dict[tuple[int, ...], list[int]] = {}
     slices_of: dict[tuple[int, ...], tuple[slice, ...]] = {}
     for rank, slices in sorted(sharding.devices_indices_map(shape).items()):
-        coord = dict(zip(mesh.axis_names, mesh.coordinate(rank)))
+        coord = dict(zip(mesh.axis_names, mesh.coordinate(rank), strict=True))
         key = tuple(_ravel([coord[a] for a in axes], [mesh.axis_size(a) for a in axes]) for axes in dim_axes)
         by_block.setdefault(key, []).append(rank)
         slices_of[key] = slices
     lines = [f"{sharding!r} of shape {shape}: shard shape {sharding.shard_shape(shape)}"]
-    for d, (n, axes) in enumerate(zip(shape, dim_axes)):
+    for d, (n, axes) in enumerate(zip(shape, dim_axes, strict=True)):
         if axes:
             pieces = {key[d]: slices_of[key][d] for key in slices_of}
             lengths = [pieces[i].stop - pieces[i].start for i in sorted(pieces)]

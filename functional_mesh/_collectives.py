@@ -31,6 +31,7 @@ import hashlib
 import math
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -38,10 +39,11 @@ import torch
 import torch.distributed as dist
 
 from ._agree import _agree, _next_call
-from .errors import MeshError, check_int, requires
-from .interop import _realized
-from .mesh import _check_unique, _name_tuple
-from .realize import check_timeout_seconds
+from ._errors import MeshError, requires
+from ._handle import RealizedMesh, resolve_mesh
+from ._mesh import axis_position
+from ._realize_plan import check_timeout_seconds
+from ._validate import as_bool, as_dim, as_int, as_name_tuple, check_unique
 
 __all__ = ["CHECK_COLLECTIVES_ENV", "all_gather", "all_to_all", "axis_index", "axis_size", "pmean", "ppermute", "psum",
            "psum_scatter", "pvary"]
@@ -50,31 +52,60 @@ CHECK_COLLECTIVES_ENV = "FUNCTIONAL_MESH_CHECK_COLLECTIVES"
 _CHECK_MODES = {"1": "group", "group": "group", "mesh": "mesh"}  # setting -> participants
 
 
-# -- resolving axes to groups -------------------------------------------------------------------
+# -- one preamble for every collective -------------------------------------------------------------
 
 
-def _axes(api: str, rm: Any, axis: str | Sequence[str]) -> tuple[str, ...]:
-    names = _name_tuple(api, tuple(axis) if isinstance(axis, list) else axis, "axis")
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One public collective call, resolved: its mesh, operand and axes, validated in one place.
+
+    ``groups`` is the communication plan: ``[(group, size, axes)]``, the product group when the
+    cache holds it, else one per axis (outermost first).
+    """
+
+    api: str
+    rm: RealizedMesh
+    x: torch.Tensor | None
+    names: tuple[str, ...]
+    tiled: bool
+
+    def member(self) -> None:
+        """Raise unless this rank belongs to the mesh."""
+        rm = self.rm
+        if rm.coordinate is None:
+            raise MeshError(requires(self.api, "a rank that belongs to the mesh", "rank", rm.rank,
+                                     f"devices {rm.mesh.device_list.describe()}"), mesh=rm.mesh)
+
+    def groups(self) -> list[tuple[Any, int, tuple[str, ...]]]:
+        self.member()
+        rm, names = self.rm, self.names
+        if len(names) > 1 and rm.has_group(names):
+            return [(rm.group(names), math.prod(rm.axis_size(n) for n in names), names)]
+        return [(rm.group(n), rm.axis_size(n), (n,)) for n in names]
+
+    def size(self) -> int:
+        return math.prod(self.rm.axis_size(n) for n in self.names)
+
+    def fail(self, rule: str, name: str, value: object) -> MeshError:
+        return MeshError(requires(self.api, rule, name, value), mesh=self.rm.mesh)
+
+
+_NO_TENSOR = object()
+
+
+def _resolve(api: str, x: object, axis: object, mesh: object, tiled: object = True) -> _Call:
+    """Validate a call in the order users see its errors: mesh, tensor, ``tiled``, axes."""
+    rm = resolve_mesh(api, mesh)
+    if x is not _NO_TENSOR and not isinstance(x, torch.Tensor):
+        raise TypeError(requires(api, "a torch.Tensor", "x", x))
+    tiled = as_bool(api, "tiled", tiled)
+    names = as_name_tuple(api, axis, "axis")
     if not names:
         raise MeshError(requires(api, "at least one axis", "axis", names, rm.mesh.axis_names), mesh=rm.mesh)
     for name in names:
-        rm.mesh.axis_index_of(name, api)  # unknown axis: an error with "did you mean"
-    _check_unique(api, names, "axis")
-    return names
-
-
-def _member(api: str, rm: Any) -> None:
-    if rm.coordinate is None:
-        raise MeshError(requires(api, "a rank that belongs to the mesh", "rank", rm.rank,
-                                 f"devices {rm.mesh.device_list.describe()}"), mesh=rm.mesh)
-
-
-def _groups(api: str, rm: Any, names: tuple[str, ...]) -> list[tuple[Any, int, tuple[str, ...]]]:
-    """``[(group, size, axes)]``: the product group when cached, else one per axis (outermost first)."""
-    _member(api, rm)
-    if len(names) > 1 and rm.has_group(names):
-        return [(rm.group(names), math.prod(rm.axis_size(n) for n in names), names)]
-    return [(rm.group(n), rm.axis_size(n), (n,)) for n in names]
+        axis_position(rm.mesh, name, api)  # unknown axis: an error with "did you mean"
+    check_unique(api, names, "axis")
+    return _Call(api, rm, None if x is _NO_TENSOR else x, names, tiled)
 
 
 # -- the opt-in debug check (FUNCTIONAL_MESH_CHECK_COLLECTIVES) -----------------------------------
@@ -117,8 +148,9 @@ class _Check:
                f"functional_mesh/collective/{space}/{n}", participants, rm.rank, request, self.wait_s)
 
 
-def _check(api: str, rm: Any, names: tuple[str, ...], params: str = "") -> _Check | None:
+def _check(call: _Call, params: str = "") -> _Check | None:
     """The debug check of one call, or ``None`` when the mode is off (one environment lookup)."""
+    api, rm, names = call.api, call.rm, call.names
     setting = os.environ.get(CHECK_COLLECTIVES_ENV)
     if not setting or setting == "0":
         return None
@@ -213,71 +245,44 @@ def _send_recv(x: torch.Tensor, members: list[int], me: int, pairs: list[tuple[i
 # -- public API ----------------------------------------------------------------------------------
 
 
-def _dim(api: str, x: torch.Tensor, dim: int, name: str = "dim") -> int:
-    d = check_int(api, name, dim)
-    if not -x.ndim <= d < x.ndim:
-        valid = f"{-x.ndim}..{x.ndim - 1}" if x.ndim else "none (a 0-d tensor has no dims to gather, scatter or split)"
-        raise MeshError(requires(api, f"a dim of the {x.ndim}-d tensor", name, d, valid))
-    return d % x.ndim
-
-
-def _tiled(api: str, tiled: object) -> bool:
-    if not isinstance(tiled, bool):
-        raise TypeError(requires(api, "tiled=True or False", "tiled", tiled))
-    return tiled
-
-
-def _tensor(api: str, x: object) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(requires(api, "a torch.Tensor", "x", x))
-    return x
-
-
-def _psum(api: str, x: torch.Tensor, axis: str | Sequence[str], rm: Any) -> torch.Tensor:
-    x = _tensor(api, x)
-    names = _axes(api, rm, axis)
-    groups = _groups(api, rm, names)
-    check = _check(api, rm, names)
+def _psum(call: _Call) -> torch.Tensor:
+    x, groups = call.x, call.groups()
+    check = _check(call)
     for group, _, axes in groups:
         x = _Comm.apply(x, partial(_all_reduce, group=group), None, check, axes, {"group": group})
     return x
 
 
-def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: Any = None) -> torch.Tensor:
+def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Sum ``x`` over ``axis``; backward is the identity (the result is replicated over ``axis``)."""
-    return _psum("psum", x, axis, _realized("psum", mesh))
+    return _psum(_resolve("psum", x, axis, mesh))
 
 
-def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: Any = None) -> torch.Tensor:
+def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Mean of ``x`` over ``axis``: ``psum(x) / n``."""
-    rm = _realized("pmean", mesh)
-    return _psum("pmean", x, axis, rm) / axis_size(axis, mesh=rm)
+    call = _resolve("pmean", x, axis, mesh)
+    return _psum(call) / call.size()
 
 
-def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: Any = None) -> torch.Tensor:
+def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Identity forward, ``psum`` backward: mark a replicated value entering ``axis``-varying compute."""
-    rm = _realized("pvary", mesh)
-    x = _tensor("pvary", x)
-    names = _axes("pvary", rm, axis)
-    groups = _groups("pvary", rm, names)
-    check = _check("pvary", rm, names)
+    call = _resolve("pvary", x, axis, mesh)
+    x, groups = call.x, call.groups()
+    check = _check(call)
     for group, _, axes in groups:
         x = _Comm.apply(x, None, partial(_all_reduce, group=group), check, axes, {"group": group})
     return x
 
 
 def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tiled: bool = True,
-               mesh: Any = None) -> torch.Tensor:
+               mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Every member's ``x`` along ``dim`` in mesh order: concatenated (``tiled``) or stacked at ``dim``."""
-    rm = _realized("all_gather", mesh)
-    x = _tensor("all_gather", x)
-    tiled = _tiled("all_gather", tiled)
-    names = _axes("all_gather", rm, axis)
-    groups = _groups("all_gather", rm, names)
-    if not tiled:
-        x = x.unsqueeze(_dim("all_gather", x.unsqueeze(0), dim))
-    d = _dim("all_gather", x, dim)
-    check = _check("all_gather", rm, names, f", dim={d}, tiled={tiled}")
+    call = _resolve("all_gather", x, axis, mesh, tiled)
+    x, groups = call.x, call.groups()
+    if not call.tiled:
+        x = x.unsqueeze(as_dim(call.api, x.ndim + 1, dim))
+    d = as_dim(call.api, x.ndim, dim)
+    check = _check(call, f", dim={d}, tiled={call.tiled}")
     for group, n, axes in reversed(groups):  # innermost axis first: the outermost ends up major
         x = _Comm.apply(x, partial(_gather, group=group, n=n, dim=d), partial(_scatter, group=group, n=n, dim=d),
                         check, axes, {"group": group})
@@ -285,98 +290,95 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
 
 
 def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tiled: bool = True,
-                 mesh: Any = None) -> torch.Tensor:
+                 mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Sum over ``axis`` and keep this member's block of ``dim`` (mesh order); untiled drops ``dim``."""
-    rm = _realized("psum_scatter", mesh)
-    x = _tensor("psum_scatter", x)
-    tiled = _tiled("psum_scatter", tiled)
-    names = _axes("psum_scatter", rm, axis)
-    groups = _groups("psum_scatter", rm, names)
-    d = _dim("psum_scatter", x, dim)
+    call = _resolve("psum_scatter", x, axis, mesh, tiled)
+    x, groups = call.x, call.groups()
+    d = as_dim(call.api, x.ndim, dim)
     n = math.prod(size for _, size, _ in groups)
-    if (x.shape[d] != n) if not tiled else (x.shape[d] % n):
-        rule = f"dim {d} of size {n} (tiled=False)" if not tiled else f"dim {d} divisible by {n}"
-        raise MeshError(requires("psum_scatter", rule, f"x.shape[{d}]", x.shape[d]), mesh=rm.mesh)
-    check = _check("psum_scatter", rm, names, f", dim={d}, tiled={tiled}")
+    if (x.shape[d] != n) if not call.tiled else (x.shape[d] % n):
+        rule = f"dim {d} of size {n} (tiled=False)" if not call.tiled else f"dim {d} divisible by {n}"
+        raise call.fail(rule, f"x.shape[{d}]", x.shape[d])
+    check = _check(call, f", dim={d}, tiled={call.tiled}")
     for group, size, axes in groups:  # outermost axis first
         x = _Comm.apply(x, partial(_scatter, group=group, n=size, dim=d), partial(_gather, group=group, n=size, dim=d),
                         check, axes, {"group": group})
-    return x if tiled else x.squeeze(d)
+    return x if call.tiled else x.squeeze(d)
 
 
 def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, concat_dim: int, *,
-               tiled: bool = True, mesh: Any = None) -> torch.Tensor:
+               tiled: bool = True, mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Split ``split_dim`` into one block per member, send block ``i`` to member ``i``, and
     concatenate what arrives along ``concat_dim`` (mesh order). Untiled: ``split_dim`` must have
     size ``n`` and is removed; a new ``concat_dim`` of size ``n`` stacks the arrivals."""
-    rm = _realized("all_to_all", mesh)
-    x = _tensor("all_to_all", x)
-    tiled = _tiled("all_to_all", tiled)
-    names = _axes("all_to_all", rm, axis)
-    groups = _groups("all_to_all", rm, names)
+    call = _resolve("all_to_all", x, axis, mesh, tiled)
+    x, groups = call.x, call.groups()
     if len(groups) > 1:
-        raise MeshError(requires("all_to_all", "one axis, or a tuple whose product group was realized", "axis",
-                                 names) + f"; pass products=[{names!r}] to realize", mesh=rm.mesh)
+        raise MeshError(requires(call.api, "one axis, or a tuple whose product group was realized", "axis",
+                                 call.names) + f"; pass products=[{call.names!r}] to realize", mesh=call.rm.mesh)
     (group, n, step), = groups
-    s, c = _dim("all_to_all", x, split_dim, "split_dim"), _dim("all_to_all", x, concat_dim, "concat_dim")
-    if not tiled:
+    s, c = as_dim(call.api, x.ndim, split_dim, "split_dim"), as_dim(call.api, x.ndim, concat_dim, "concat_dim")
+    if not call.tiled:
         if x.shape[s] != n:
-            raise MeshError(requires("all_to_all", f"split_dim of size {n} (tiled=False)", f"x.shape[{s}]",
-                                     x.shape[s]), mesh=rm.mesh)
+            raise call.fail(f"split_dim of size {n} (tiled=False)", f"x.shape[{s}]", x.shape[s])
         # stack at output position c: insert the new axis so that it lands at c once the
         # (size-1) split axis is squeezed away
         q, s_y = (c, s + 1) if c <= s else (c + 1, s)
-        return all_to_all(x.unsqueeze(q), names, s_y, q, mesh=rm).squeeze(s_y)
+        return all_to_all(x.unsqueeze(q), call.names, s_y, q, mesh=call.rm).squeeze(s_y)
     if x.shape[s] % n:
-        raise MeshError(requires("all_to_all", f"split_dim divisible by {n}", f"x.shape[{s}]", x.shape[s]),
-                        mesh=rm.mesh)
-    check = _check("all_to_all", rm, names, f", split_dim={s}, concat_dim={c}")
+        raise call.fail(f"split_dim divisible by {n}", f"x.shape[{s}]", x.shape[s])
+    check = _check(call, f", split_dim={s}, concat_dim={c}")
     return _Comm.apply(x, partial(_exchange, group=group, n=n, split_dim=s, concat_dim=c),
                        partial(_exchange, group=group, n=n, split_dim=c, concat_dim=s), check, step, {"group": group})
 
 
 def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int]], *,
-             mesh: Any = None) -> torch.Tensor:
+             mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Send ``x`` from axis index ``s`` to ``d`` for each ``(s, d)`` in ``perm``; ranks that
     receive nothing get zeros. Backward sends gradients along the inverse permutation."""
-    rm = _realized("ppermute", mesh)
-    x = _tensor("ppermute", x)
-    names = _axes("ppermute", rm, axis)
-    _member("ppermute", rm)
-    n = axis_size(names, mesh=rm)
+    call = _resolve("ppermute", x, axis, mesh)
+    call.member()
+    pairs = _permutation(call, perm)
+    members = call.rm.mesh[call.names].group_of(call.rm.rank).reshape(-1).tolist()
+    check = _check(call, f", perm={pairs}")
+    me, inverse = _axis_index(call), [(d, s) for s, d in pairs]
+    return _Comm.apply(call.x, partial(_send_recv, members=members, me=me, pairs=pairs),
+                       partial(_send_recv, members=members, me=me, pairs=inverse), check, call.names,
+                       {"members": members})
+
+
+def _permutation(call: _Call, perm: object) -> list[tuple[int, int]]:
+    """``perm`` as (source, destination) pairs of axis indices, each end used at most once."""
+    n = call.size()
     if isinstance(perm, (str, bytes)) or not isinstance(perm, Iterable):
-        raise TypeError(requires("ppermute", "an iterable of (source, destination) pairs", "perm", perm))
+        raise TypeError(requires(call.api, "an iterable of (source, destination) pairs", "perm", perm))
     pairs = []
     for pair in perm:
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
-            raise TypeError(requires("ppermute", "(source, destination) pairs", "pair", pair))
-        s, d = (check_int("ppermute", "axis index", v) for v in pair)
+            raise TypeError(requires(call.api, "(source, destination) pairs", "pair", pair))
+        s, d = (as_int(call.api, "axis index", v) for v in pair)
         if not (0 <= s < n and 0 <= d < n):
-            raise MeshError(requires("ppermute", f"axis indices in 0..{n - 1}", "pair", (s, d)), mesh=rm.mesh)
+            raise call.fail(f"axis indices in 0..{n - 1}", "pair", (s, d))
         pairs.append((s, d))
     for what, ends in (("source", [s for s, _ in pairs]), ("destination", [d for _, d in pairs])):
         if len(set(ends)) != len(ends):
-            raise MeshError(requires("ppermute", f"each {what} at most once (a permutation)", "perm", tuple(pairs)),
-                            mesh=rm.mesh)
-    members = rm.mesh[names].group_of(rm.rank).reshape(-1).tolist()
-    check = _check("ppermute", rm, names, f", perm={pairs}")
-    me, inverse = axis_index(names, mesh=rm), [(d, s) for s, d in pairs]
-    return _Comm.apply(x, partial(_send_recv, members=members, me=me, pairs=pairs),
-                       partial(_send_recv, members=members, me=me, pairs=inverse), check, names, {"members": members})
+            raise call.fail(f"each {what} at most once (a permutation)", "perm", tuple(pairs))
+    return pairs
 
 
-def axis_index(axis: str | Sequence[str], *, mesh: Any = None) -> int:
-    """This rank's index along ``axis`` (a tuple: row-major, first axis major). No communication."""
-    rm = _realized("axis_index", mesh)
-    names = _axes("axis_index", rm, axis)
-    _member("axis_index", rm)
+def _axis_index(call: _Call) -> int:
+    call.member()
     index = 0
-    for name in names:
-        index = index * rm.axis_size(name) + rm.local_rank(name)
+    for name in call.names:
+        index = index * call.rm.axis_size(name) + call.rm.local_rank(name)
     return index
 
 
-def axis_size(axis: str | Sequence[str], *, mesh: Any = None) -> int:
+def axis_index(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> int:
+    """This rank's index along ``axis`` (a tuple: row-major, first axis major). No communication."""
+    return _axis_index(_resolve("axis_index", _NO_TENSOR, axis, mesh))
+
+
+def axis_size(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> int:
     """The size of ``axis`` (a tuple: the product). No communication."""
-    rm = _realized("axis_size", mesh)
-    return math.prod(rm.axis_size(n) for n in _axes("axis_size", rm, axis))
+    return _resolve("axis_size", _NO_TENSOR, axis, mesh).size()

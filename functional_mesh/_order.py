@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .errors import MeshError, check_int, requires, unknown_axis
-from .mesh import Mesh, make_mesh
+from ._errors import MeshError, requires, unknown_axis
+from ._validate import as_int
+from ._mesh import Mesh, make_mesh
 
 __all__ = ["mesh_from_order", "order_axes"]
 
@@ -69,7 +70,7 @@ def mesh_from_order(order: str, *, devices: Iterable[int] | None = None, **sizes
     extra = []
     for name, size in sizes.items():
         if name not in tokens:
-            if check_int(api, f"size of {name!r}", size) != 1:
+            if as_int(api, f"size of {name!r}", size) != 1:
                 raise MeshError(requires(api, f"size 1 for an axis not in the order ({order!r})",
                                          name, size) + f"; add {name!r} to the order")
             extra.append(name)

@@ -10,11 +10,9 @@ and an unknown axis name adds "did you mean 'tp'?" when a close name exists.
 from __future__ import annotations
 
 import difflib
-import operator
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 
 __all__ = ["MeshError", "UnknownAxisError"]
 
@@ -26,6 +24,8 @@ class MeshError(ValueError):
         mesh: the mesh the failing call was about, when there is one (else ``None``).
     """
 
+    __module__ = "functional_mesh"  # tracebacks name the public home: functional_mesh.MeshError
+
     def __init__(self, message: str, *, mesh: Any = None) -> None:
         super().__init__(message)
         self.mesh = mesh
@@ -33,6 +33,8 @@ class MeshError(ValueError):
 
 class UnknownAxisError(MeshError, KeyError):
     """An axis name that the mesh does not have. Also a ``KeyError``, like a missing dict key."""
+
+    __module__ = "functional_mesh"
 
     def __str__(self) -> str:
         # KeyError.__str__ would repr() the message and print it in quotes.
@@ -61,18 +63,3 @@ def unknown_axis(api: str, name: object, axis_names: tuple[str, ...], mesh: Any 
     """The error for an axis name that is not one of ``axis_names``."""
     msg = requires(api, "an axis name of the mesh", "axis", name, axis_names)
     return UnknownAxisError(msg + did_you_mean(name, axis_names), mesh=mesh)
-
-
-def check_int(api: str, name: str, value: object) -> int:
-    """Return ``value`` as an ``int``; a bool, float, str or other non-integer is a ``TypeError``.
-
-    Integer-like scalars (numpy integers, 0-d integer arrays or tensors) are accepted through
-    ``operator.index``, which refuses floats instead of truncating them.
-    """
-    if not isinstance(value, (bool, np.bool_)):
-        try:
-            return operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            pass
-    raise TypeError(requires(api, f"an int for {name}", name, value))
-

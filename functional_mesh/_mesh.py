@@ -28,14 +28,14 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
-import attrs
 import numpy as np
 
-from . import layout as L
-from ._devices import DeviceList, int_array
-from .errors import MeshError, check_int, requires, unknown_axis
+from . import _layout as L
+from ._devices import DeviceList
+from ._errors import MeshError, requires, unknown_axis
+from ._validate import Frozen, as_int, as_int_array, as_name_tuple, check_unique
 
-__all__ = ["Mesh", "MeshShape", "make_mesh"]
+__all__ = ["Mesh", "MeshShape", "axis_layouts", "axis_position", "family_modes", "make_mesh"]
 
 
 class MeshShape(Mapping[str, int]):
@@ -47,7 +47,7 @@ class MeshShape(Mapping[str, int]):
     __slots__ = ("_items",)
 
     def __init__(self, names: Sequence[str], sizes: Sequence[int]) -> None:
-        self._items = dict(zip(names, sizes))
+        self._items = dict(zip(names, sizes, strict=True))
 
     def __getitem__(self, key: str) -> int:
         if isinstance(key, int) and not isinstance(key, bool):
@@ -83,35 +83,11 @@ class _Size(int):
         return (int, (int(self),))
 
 
-def _name_tuple(api: str, names: object, what: str = "axis_names") -> tuple[str, ...]:
-    """Normalise a name or a tuple/list of names; non-str names are a ``TypeError``."""
-    if isinstance(names, str):
-        if not names:
-            raise MeshError(requires(api, "non-empty axis names", what, names))
-        return (names,)
-    if not isinstance(names, (tuple, list)):
-        raise TypeError(requires(api, f"a str or a tuple of str for {what}", what, names))
-    for n in names:
-        if not isinstance(n, str):
-            raise TypeError(requires(api, f"str axis names in {what}", "name", n))
-        if not n:
-            raise MeshError(requires(api, "non-empty axis names", what, tuple(names)))
-    return tuple(names)
-
-
-def _check_unique(api: str, names: tuple[str, ...], what: str = "axis_names") -> None:
-    if len(set(names)) == len(names):
-        return
-    seen: set[str] = set()
-    for n in names:
-        if n in seen:
-            raise MeshError(requires(api, "distinct axis names", what, names) + f"; {n!r} appears twice")
-        seen.add(n)
-
-
-@attrs.frozen(init=False, repr=False, eq=False)
-class Mesh:
+class Mesh(Frozen):
     """Named axes over canonical layouts on a device list; immutable, hashable, picklable.
+
+    A plain ``__slots__`` value (see :class:`~functional_mesh._validate.Frozen`): transformations
+    build new meshes through ``_derive`` without re-running the public constructor's checks.
 
     Build meshes with :func:`make_mesh` or :meth:`Mesh.from_ranks`; the constructor takes the
     raw parts (axis names, one :class:`Layout` per axis, a device list) and validates them.
@@ -125,6 +101,7 @@ class Mesh:
         MeshError: when names repeat, or the axes overlap or do not tile the device list.
     """
 
+    __slots__ = ("_axis_names", "_layouts", "_devices", "_complement", "_hash")
     _axis_names: tuple[str, ...]
     _layouts: tuple[L.Layout, ...]
     _devices: DeviceList
@@ -132,7 +109,7 @@ class Mesh:
     _hash: int | None  # computed on first use
 
     def __init__(self, axis_names: Sequence[str], layouts: Sequence[L.Layout], devices: int | object) -> None:
-        names = _name_tuple("Mesh", axis_names)
+        names = as_name_tuple("Mesh", axis_names)
         if isinstance(layouts, L.Layout) or not isinstance(layouts, Iterable):
             raise TypeError(requires("Mesh", "a sequence of Layouts, one per axis", "layouts", layouts))
         layouts = tuple(layouts)
@@ -152,7 +129,7 @@ class Mesh:
         ``comp`` is the complement when the caller's transformation provably keeps the set of
         covered indices (flatten, unflatten, transpose, rename; the laws test this).
         """
-        _check_unique(api, names, "resulting axis names" if api != "Mesh" else "axis_names")
+        check_unique(api, names, "resulting axis names" if api != "Mesh" else "axis_names")
         if comp is None:
             try:
                 comp = L.complement_modes([m for lay in layouts for m in lay.modes], len(devices), layouts)
@@ -205,8 +182,8 @@ class Mesh:
             >>> m["tp"].groups().tolist()
             [[0, 2], [1, 3]]
         """
-        names = _name_tuple("Mesh.from_ranks", axis_names)
-        array = int_array("Mesh.from_ranks", ranks)
+        names = as_name_tuple("Mesh.from_ranks", axis_names)
+        array = as_int_array("Mesh.from_ranks", ranks)
         if array.ndim != len(names):
             raise MeshError(
                 requires("Mesh.from_ranks", "one axis name per dimension of ranks", "axis_names", names)
@@ -269,31 +246,22 @@ class Mesh:
         """The layout of all axes together (coordinates row-major over the axes)."""
         return L.concat(*self._layouts)
 
-    def axis_index_of(self, name: str, api: str = "Mesh.axis_size") -> int:
-        """Position of axis ``name``; unknown names raise with a "did you mean"."""
-        if not isinstance(name, str):
-            raise TypeError(requires(api, "a str axis name", "axis", name))
-        try:
-            return self._axis_names.index(name)
-        except ValueError:
-            raise unknown_axis(api, name, self._axis_names, self) from None
-
     def axis_size(self, name: str) -> int:
         """Size of axis ``name``."""
-        return self._layouts[self.axis_index_of(name)].size
+        return self._layouts[axis_position(self, name)].size
 
     def axis_layout(self, name: str) -> L.Layout:
         """The canonical layout of axis ``name`` (the realize cache key of its groups)."""
-        return self._layouts[self.axis_index_of(name, "Mesh.axis_layout")]
+        return self._layouts[axis_position(self, name, "Mesh.axis_layout")]
 
     # -- transformations -----------------------------------------------------------------------
 
     def _positions(self, api: str, names: object, what: str = "axes") -> tuple[int, ...]:
-        names_t = _name_tuple(api, names, what)
+        names_t = as_name_tuple(api, names, what)
         if not names_t:
             raise MeshError(requires(api, "at least one axis", what, names_t, self._axis_names), mesh=self)
-        _check_unique(api, names_t, what)
-        return tuple(self.axis_index_of(n, api) for n in names_t)
+        check_unique(api, names_t, what)
+        return tuple(axis_position(self, n, api) for n in names_t)
 
     def __getitem__(self, names: str | Sequence[str]) -> Mesh:
         """Select axes, in the given order: ``mesh["tp"]``, ``mesh["tp", "dp"]``."""
@@ -327,7 +295,7 @@ class Mesh:
             name = "_".join(listed)
         if not isinstance(name, str):
             raise TypeError(requires("Mesh.flatten", "one str for name", "name", name))
-        name = _name_tuple("Mesh.flatten", name, "name")
+        name = as_name_tuple("Mesh.flatten", name, "name")
         remaining = tuple(n for i, n in enumerate(self._axis_names) if i not in pos)
         if name[0] in remaining:
             raise MeshError(
@@ -336,7 +304,7 @@ class Mesh:
         merged = L.concat(*(self._layouts[i] for i in pos))
         names: list[str] = []
         layouts: list[L.Layout] = []
-        for i, (n, lay) in enumerate(zip(self._axis_names, self._layouts)):
+        for i, (n, lay) in enumerate(zip(self._axis_names, self._layouts, strict=True)):
             if i == pos[0]:
                 names.append(name[0])
                 layouts.append(merged)
@@ -358,7 +326,7 @@ class Mesh:
         """
         api = "Mesh.unflatten"
         if isinstance(axis, str):
-            i = self.axis_index_of(axis, api)
+            i = axis_position(self, axis, api)
         else:  # a 1-tuple names one axis, as in selections; more is a mistake, not "the first one"
             positions = self._positions(api, axis, "axis")
             if len(positions) != 1:
@@ -373,7 +341,7 @@ class Mesh:
                 requires(api, f"sizes whose product equals the size of axis {axis!r} ({old.size})", "sizes",
                          dict(items)), mesh=self)
         parts = []
-        for size, step in zip(new_sizes, L.row_major_strides(new_sizes)):
+        for size, step in zip(new_sizes, L.row_major_strides(new_sizes), strict=True):
             try:
                 parts.append(L.Layout._from_modes(L.compose_mode(old, size, step)))
             except MeshError:
@@ -389,9 +357,9 @@ class Mesh:
     def transpose(self, *axes: str | Sequence[str]) -> Mesh:
         """Reorder the axes: ``transpose("tp", "dp", "cp")`` (a permutation of all names)."""
         names = axes[0] if len(axes) == 1 and not isinstance(axes[0], str) else axes
-        names = _name_tuple("Mesh.transpose", tuple(names) if isinstance(names, list) else names, "axes")
+        names = as_name_tuple("Mesh.transpose", tuple(names) if isinstance(names, list) else names, "axes")
         for n in names:
-            self.axis_index_of(n, "Mesh.transpose")
+            axis_position(self, n, "Mesh.transpose")
         if sorted(names) != sorted(self._axis_names) or len(set(names)) != len(names):
             raise MeshError(
                 requires("Mesh.transpose", "a permutation of all axis names", "axes", names, self._axis_names),
@@ -404,8 +372,8 @@ class Mesh:
         if not isinstance(mapping, Mapping):
             raise TypeError(requires("Mesh.rename", "a mapping {old: new}", "mapping", mapping))
         for old, new in mapping.items():
-            self.axis_index_of(old, "Mesh.rename")
-            _name_tuple("Mesh.rename", (new,), "new name")
+            axis_position(self, old, "Mesh.rename")
+            as_name_tuple("Mesh.rename", (new,), "new name")
         names = tuple(mapping.get(n, n) for n in self._axis_names)
         return self._derive("Mesh.rename", names, self._layouts, True)
 
@@ -421,7 +389,7 @@ class Mesh:
 
     def _index(self, api: str, rank: int) -> int | None:
         """Position of global ``rank`` in the device list, or ``None`` when absent."""
-        rank = check_int(api, "rank", rank)
+        rank = as_int(api, "rank", rank)
         if rank < 0:
             raise MeshError(requires(api, "a non-negative global rank", "rank", rank), mesh=self)
         return self._devices.index_of(rank)
@@ -459,12 +427,12 @@ class Mesh:
             {'dp_tp': 'mixed'}
         """
         api = "Mesh.host_span"
-        k = check_int(api, "ranks_per_host", ranks_per_host)
+        k = as_int(api, "ranks_per_host", ranks_per_host)
         if k < 1:
             raise MeshError(requires(api, "a positive number of ranks per host", "ranks_per_host", k), mesh=self)
         k = min(k, self._devices.max() + 1)  # one host holds every device: same answer, no overflow
         span: dict[str, str] = {}
-        for name, size in zip(self._axis_names, self.axis_sizes):
+        for name, size in zip(self._axis_names, self.axis_sizes, strict=True):
             hosts = np.sort(self[name].groups().reshape(-1, size) // k, axis=1)
             if (hosts[:, 0] == hosts[:, -1]).all():
                 span[name] = "intra-host"
@@ -484,7 +452,7 @@ class Mesh:
         return self.groups()[0]
 
     def __repr__(self) -> str:
-        axes = ", ".join(f"{n}={s}" for n, s in zip(self._axis_names, self.axis_sizes)) or "()"
+        axes = ", ".join(f"{n}={s}" for n, s in zip(self._axis_names, self.axis_sizes, strict=True)) or "()"
         if self.num_groups > 1:
             return f"Mesh({axes}; {self.num_groups} groups over devices {self._devices.describe()})"
         if not self._devices.is_iota:
@@ -492,9 +460,32 @@ class Mesh:
         return f"Mesh({axes})"
 
 
+def axis_position(mesh: Mesh, name: object, api: str = "Mesh.axis_size") -> int:
+    """Position of axis ``name`` in ``mesh``, for the error of the public call ``api``.
+
+    A non-str name is a ``TypeError``; an unknown one an ``UnknownAxisError`` with "did you mean".
+    """
+    if not isinstance(name, str):
+        raise TypeError(requires(api, "a str axis name", "axis", name))
+    try:
+        return mesh._axis_names.index(name)
+    except ValueError:
+        raise unknown_axis(api, name, mesh._axis_names, mesh) from None
+
+
+def axis_layouts(mesh: Mesh) -> tuple[L.Layout, ...]:
+    """The canonical layout of every axis, in mesh order."""
+    return mesh._layouts
+
+
+def family_modes(mesh: Mesh) -> L.Modes:
+    """The modes that enumerate ``mesh``'s groups (the complement of its axes), outermost first."""
+    return mesh._complement
+
+
 def _row_major_axes(sizes: Sequence[int]) -> tuple[L.Layout, ...]:
     """One layout per axis of a compact row-major grid over ``sizes``."""
-    return tuple(L.Layout._from_modes(((s, d),)) for s, d in zip(sizes, L.row_major_strides(sizes)))
+    return tuple(L.Layout._from_modes(((s, d),)) for s, d in zip(sizes, L.row_major_strides(sizes), strict=True))
 
 
 def _size_items(api: str, sizes: object) -> tuple[tuple[str, int], ...]:
@@ -510,12 +501,12 @@ def _size_items(api: str, sizes: object) -> tuple[tuple[str, int], ...]:
         raise TypeError(requires(api, "a mapping {name: size} (or (name, size) pairs)", "sizes", sizes))
     if not pairs:
         raise MeshError(requires(api, "at least one new axis", "sizes", sizes))
-    names = _name_tuple(api, tuple(n for n, _ in pairs), "sizes")
-    values = tuple(check_int(api, "size", s) for _, s in pairs)
-    for n, s in zip(names, values):
+    names = as_name_tuple(api, tuple(n for n, _ in pairs), "sizes")
+    values = tuple(as_int(api, "size", s) for _, s in pairs)
+    for n, s in zip(names, values, strict=True):
         if s < 1:
             raise MeshError(requires(api, "positive sizes", f"sizes[{n!r}]", s))
-    return tuple(zip(names, values))
+    return tuple(zip(names, values, strict=True))
 
 
 def make_mesh(axis_sizes: Sequence[int], axis_names: str | Sequence[str], *, devices: object = None) -> Mesh:
@@ -536,12 +527,12 @@ def make_mesh(axis_sizes: Sequence[int], axis_names: str | Sequence[str], *, dev
     api = "make_mesh"
     if isinstance(axis_sizes, (str, bytes, Mapping, AbstractSet)) or not isinstance(axis_sizes, Iterable):
         raise TypeError(requires(api, "a tuple of int axis sizes", "axis_sizes", axis_sizes))
-    sizes = tuple(check_int(api, "axis size", s) for s in axis_sizes)
-    names = _name_tuple(api, axis_names)
+    sizes = tuple(as_int(api, "axis size", s) for s in axis_sizes)
+    names = as_name_tuple(api, axis_names)
     if len(names) != len(sizes):
         raise MeshError(requires(api, "one axis name per size", "axis_names", names) + f" for axis_sizes={sizes}")
-    _check_unique(api, names)
-    for n, s in zip(names, sizes):
+    check_unique(api, names)
+    for n, s in zip(names, sizes, strict=True):
         if s < 1:
             raise MeshError(requires(api, "positive axis sizes", f"axis_sizes[{n!r}]", s))
     n_dev = math.prod(sizes)

@@ -5,8 +5,8 @@ axis name, or a tuple of names (their product, first name major, as in JAX). Une
 DTensor's rule, ``torch.chunk``'s: each axis splits its piece into chunks of ``ceil(n / k)``, the
 last ones smaller or empty; a tuple splits by its first axis, then each piece by the next.
 
-Nothing here imports torch except :attr:`NamedSharding.placements`, which builds DTensor
-placement objects on demand.
+Nothing here imports torch: :attr:`NamedSharding.placements` asks the torch boundary
+(``_torch.py``) to turn the pure :func:`placement_plan` into DTensor placement objects on demand.
 
 Examples:
     >>> import functional_mesh as fm
@@ -22,16 +22,18 @@ Examples:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from .errors import MeshError, check_int, requires
-from .mesh import Mesh
+from ._errors import MeshError, requires
+from ._validate import Frozen, as_int
+from ._mesh import Mesh, axis_position
 
-__all__ = ["P", "NamedSharding", "PartitionSpec"]
+__all__ = ["P", "NamedSharding", "PartitionSpec", "global_shape_of", "placement_plan", "spec_from_plan"]
 
 Entry = str | tuple[str, ...] | None
 
@@ -54,9 +56,11 @@ def _entry(value: object) -> Entry:
     raise TypeError(requires("PartitionSpec", "None, an axis name or a tuple of axis names per dim", "entry", value))
 
 
-@attrs.frozen(init=False, repr=False)
-class PartitionSpec:
+class PartitionSpec(Frozen):
     """Per tensor dim: ``None``, an axis name, or a tuple of axis names. Trailing ``None``s dropped.
+
+    A plain ``__slots__`` value (see :class:`~functional_mesh._validate.Frozen`): its constructor
+    takes the entries positionally, as JAX's does, which an attrs field cannot express.
 
     Examples:
         >>> P("dp", None) == P("dp") == P(("dp",))
@@ -65,6 +69,7 @@ class PartitionSpec:
         P(('dp', 'cp'), 'tp')
     """
 
+    __slots__ = ("entries",)
     entries: tuple[Entry, ...]
 
     def __init__(self, *entries: object) -> None:
@@ -72,6 +77,17 @@ class PartitionSpec:
         while normal and normal[-1] is None:
             normal.pop()
         object.__setattr__(self, "entries", tuple(normal))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PartitionSpec):
+            return NotImplemented
+        return self.entries == other.entries
+
+    def __hash__(self) -> int:
+        return hash(self.entries)
+
+    def __reduce__(self):
+        return (PartitionSpec, self.entries)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -121,7 +137,7 @@ class NamedSharding:
         seen: dict[str, int] = {}
         for dim in range(len(spec)):
             for name in spec.axes_of(dim):
-                mesh.axis_index_of(name, "NamedSharding")
+                axis_position(mesh, name, "NamedSharding")
                 if name in seen:
                     raise MeshError(
                         requires("NamedSharding", "each mesh axis at most once in the spec", "spec", spec)
@@ -130,22 +146,9 @@ class NamedSharding:
         object.__setattr__(self, "mesh", mesh)
         object.__setattr__(self, "spec", spec)
 
-    def _shape(self, api: str, global_shape: Sequence[int]) -> tuple[int, ...]:
-        if isinstance(global_shape, (str, bytes)) or not isinstance(global_shape, Sequence):
-            raise TypeError(requires(api, "a tuple of ints for global_shape", "global_shape", global_shape))
-        shape = tuple(check_int(api, "dim size", n) for n in global_shape)
-        for d, n in enumerate(shape):
-            if n < 0:
-                raise MeshError(requires(api, "non-negative dim sizes", f"global_shape[{d}]", n))
-        if len(self.spec) > len(shape):
-            raise MeshError(
-                requires(api, f"a tensor with at least as many dims as the spec ({len(self.spec)})",
-                         "global_shape", shape) + f" for spec {self.spec}", mesh=self.mesh)
-        return shape
-
     def shard_shape(self, global_shape: Sequence[int]) -> tuple[int, ...]:
         """The shape of the largest shard (the first one along every split)."""
-        shape = self._shape("NamedSharding.shard_shape", global_shape)
+        shape = global_shape_of(self, "NamedSharding.shard_shape", global_shape)
         out = []
         for d, n in enumerate(shape):
             for name in self.spec.axes_of(d):
@@ -155,11 +158,11 @@ class NamedSharding:
 
     def local_slices(self, global_shape: Sequence[int], rank: int) -> tuple[slice, ...] | None:
         """``rank``'s part of the global tensor, one slice per dim (``None`` if not a device)."""
-        shape = self._shape("NamedSharding.local_slices", global_shape)
+        shape = global_shape_of(self, "NamedSharding.local_slices", global_shape)
         coord = self.mesh.coordinate(rank)
         if coord is None:
             return None
-        return self._slices(shape, dict(zip(self.mesh.axis_names, coord)))
+        return self._slices(shape, dict(zip(self.mesh.axis_names, coord, strict=True)))
 
     def _slices(self, shape: tuple[int, ...], index: dict[str, int]) -> tuple[slice, ...]:
         out = []
@@ -174,8 +177,8 @@ class NamedSharding:
 
     def devices_indices_map(self, global_shape: Sequence[int]) -> dict[int, tuple[slice, ...]]:
         """``{rank: slices}`` for every device of the mesh (every group of a family)."""
-        shape = self._shape("NamedSharding.devices_indices_map", global_shape)
-        return {rank: self._slices(shape, dict(zip(self.mesh.axis_names, self.mesh.coordinate(rank))))
+        shape = global_shape_of(self, "NamedSharding.devices_indices_map", global_shape)
+        return {rank: self._slices(shape, dict(zip(self.mesh.axis_names, self.mesh.coordinate(rank), strict=True)))
                 for rank in self.mesh.devices.tolist()}
 
     @property
@@ -185,26 +188,71 @@ class NamedSharding:
 
     @property
     def placements(self) -> tuple[Any, ...]:
-        """DTensor placements, one per mesh axis in mesh order.
+        """DTensor placements, one per mesh axis in mesh order (see :func:`placement_plan`)."""
+        # The one function-level import between our modules: the torch boundary imports torch,
+        # and this pure module must import without it (planning a mesh needs no torch).
+        from . import _torch
 
-        An axis that splits dim ``d`` is ``Shard(d)`` when the axes of ``d`` are listed in mesh
-        order (DTensor applies placements in mesh order, each splitting the previous piece).
-        Listed against mesh order, an axis that must split *inside* pieces made by axes that
-        DTensor applies later becomes ``_StridedShard(d, split_factor=...)`` (the product of
-        those later axes' sizes) — what FSDP2 + TP produce for ``P(("tp", "dp"))``.
-        """
-        from torch.distributed.tensor import Replicate, Shard
-        from torch.distributed.tensor.placement_types import _StridedShard
-
-        order = {n: i for i, n in enumerate(self.mesh.axis_names)}
-        out: list[Any] = [Replicate()] * self.mesh.ndim
-        for d in range(len(self.spec)):
-            axes = self.spec.axes_of(d)
-            for j, name in enumerate(axes):
-                later_outer = [a for a in axes[:j] if order[a] > order[name]]
-                factor = math.prod(self.mesh.axis_size(a) for a in later_outer)
-                out[order[name]] = _StridedShard(d, split_factor=factor) if later_outer else Shard(d)
-        return tuple(out)
+        return _torch.to_placements(placement_plan(self))
 
     def __repr__(self) -> str:
         return f"NamedSharding({self.mesh!r}, {self.spec!r})"
+
+
+def global_shape_of(sharding: NamedSharding, api: str, global_shape: object) -> tuple[int, ...]:
+    """``global_shape`` as a tuple of ints, checked against ``sharding``'s spec for the public call ``api``."""
+    if isinstance(global_shape, (str, bytes)) or not isinstance(global_shape, Sequence):
+        raise TypeError(requires(api, "a tuple of ints for global_shape", "global_shape", global_shape))
+    shape = tuple(as_int(api, "dim size", n) for n in global_shape)
+    for d, n in enumerate(shape):
+        if n < 0:
+            raise MeshError(requires(api, "non-negative dim sizes", f"global_shape[{d}]", n))
+    if len(sharding.spec) > len(shape):
+        raise MeshError(
+            requires(api, f"a tensor with at least as many dims as the spec ({len(sharding.spec)})",
+                     "global_shape", shape) + f" for spec {sharding.spec}", mesh=sharding.mesh)
+    return shape
+
+
+def placement_plan(sharding: NamedSharding) -> tuple[tuple[int, int | None] | None, ...]:
+    """Per mesh axis: ``None`` (replicated) or ``(dim, split_factor)``: DTensor's placements as values.
+
+    An axis that splits dim ``d`` is ``(d, None)``, DTensor's ``Shard(d)``, when the axes of ``d`` are
+    listed in mesh order (DTensor applies placements in mesh order, each splitting the previous
+    piece). Listed against mesh order, an axis that must split *inside* pieces made by axes that
+    DTensor applies later is ``(d, f)``, ``_StridedShard(d, split_factor=f)``, where ``f`` is the
+    product of those later axes' sizes: what FSDP2 + TP produce for ``P(("tp", "dp"))``.
+    """
+    mesh, spec = sharding.mesh, sharding.spec
+    order = {n: i for i, n in enumerate(mesh.axis_names)}
+    plan: list[tuple[int, int | None] | None] = [None] * mesh.ndim
+    for d in range(len(spec)):
+        axes = spec.axes_of(d)
+        for j, name in enumerate(axes):
+            later_outer = [a for a in axes[:j] if order[a] > order[name]]
+            plan[order[name]] = (d, math.prod(mesh.axis_size(a) for a in later_outer) if later_outer else None)
+    return tuple(plan)
+
+
+def spec_from_plan(api: str, mesh: Mesh, plan: Sequence[tuple[int, int | None] | None]) -> PartitionSpec:
+    """The ``PartitionSpec`` whose placement plan on ``mesh`` is ``plan`` (inverse of :func:`placement_plan`).
+
+    Axes splitting one dim are tried in every order (a dim has few axes); a plan no spec expresses
+    is a ``MeshError``.
+    """
+    by_dim: dict[int, list[str]] = {}
+    for name, p in zip(mesh.axis_names, plan, strict=True):
+        if p is not None:
+            by_dim.setdefault(p[0], []).append(name)
+    entries: list[object] = [None] * (max(by_dim, default=-1) + 1)
+    for dim, names in by_dim.items():
+        wanted = [p for p in plan if p is not None and p[0] == dim]
+        for order in itertools.permutations(names):
+            entries[dim] = order
+            trial = placement_plan(NamedSharding(mesh, PartitionSpec(*entries)))
+            if [p for p in trial if p is not None and p[0] == dim] == wanted:
+                break
+        else:
+            raise MeshError(requires(api, "placements that a PartitionSpec can express", "placements", tuple(plan)),
+                            mesh=mesh)
+    return PartitionSpec(*entries)

@@ -1,0 +1,213 @@
+"""The realized handle: a mesh value with this rank's process groups, read-only.
+
+``RealizedMesh`` is made by :func:`functional_mesh.realize` and only read afterwards: its mesh,
+rank, coordinate and groups stay consistent because nothing can reassign them (slots, read-only
+properties, :class:`~functional_mesh._validate.Frozen`). It also owns the ``with rm:`` stack and
+:func:`resolve_mesh`, the ``mesh=None`` → current-mesh rule every axis-name op uses. Creates no
+process group: its torch ``DeviceMesh`` wraps the groups realize made.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from . import _torch
+from ._cache import CACHE
+from ._errors import MeshError, requires
+from ._mesh import Mesh, axis_position
+from ._validate import Frozen, as_name_tuple
+
+__all__ = ["RealizedMesh", "current_mesh", "resolve_mesh"]
+
+_CURRENT: contextvars.ContextVar[tuple[RealizedMesh, ...]] = contextvars.ContextVar("functional_mesh_current",
+                                                                                     default=())
+
+
+def current_mesh() -> RealizedMesh | None:
+    """The innermost ``with rm:`` mesh of this thread/task, or ``None``."""
+    stack = _CURRENT.get()
+    return stack[-1] if stack else None
+
+
+def resolve_mesh(api: str, mesh: object) -> RealizedMesh:
+    """``mesh`` or the current ``with rm:`` mesh; a pure Mesh or nothing is a clear error."""
+    rm = current_mesh() if mesh is None else mesh
+    if isinstance(rm, RealizedMesh):
+        return rm
+    if isinstance(rm, Mesh):
+        raise TypeError(f"`{api}` requires a RealizedMesh, but got the pure mesh {rm!r}; call fm.realize(mesh) "
+                        f"and pass its result (or use `with rm:`)")
+    if rm is None:
+        raise MeshError(f"`{api}` requires mesh=<RealizedMesh> or an enclosing `with rm:` block, but got neither")
+    raise TypeError(requires(api, "a RealizedMesh for mesh", "mesh", rm))
+
+
+def _read_only(slot: str, doc: str) -> Any:
+    """A property that reads ``slot`` and has no setter."""
+    return property(operator.attrgetter(slot), doc=doc)
+
+
+class RealizedMesh(Frozen):
+    """A mesh value with this rank's process groups. Made by :func:`realize`; read-only, not picklable.
+
+    Attributes:
+        mesh: the pure :class:`Mesh`.
+        device_type: "cpu" or "cuda".
+        backend: the groups' backend ("gloo", "nccl", or "fake" under torch's fake group).
+        rank: this process's global rank.
+        coordinate: this rank's coordinate in its submesh (mesh order), ``None`` if outside.
+
+    Assigning any attribute raises ``AttributeError``: a handle whose mesh changed would no
+    longer match its groups.
+    """
+
+    __slots__ = ("_mesh", "_device_type", "_backend", "_rank", "_coordinate", "_groups", "_epoch", "_root",
+                 "_device_mesh")
+
+    def __init__(self, mesh: Mesh, device_type: str, backend: str, groups: dict[Any, Any], rank: int,
+                 epoch: int, root: RealizedMesh | None) -> None:
+        fields = {"_mesh": mesh, "_device_type": device_type, "_backend": backend, "_rank": rank,
+                  "_coordinate": mesh.coordinate(rank),
+                  "_groups": groups,  # axis name or product tuple -> ProcessGroup | None
+                  "_epoch": epoch,  # the cache epoch the groups belong to
+                  "_root": root,  # the realized mesh this one was selected from (None: it is a root)
+                  "_device_mesh": None}  # built on first use
+        for name, value in fields.items():
+            object.__setattr__(self, name, value)
+
+    mesh: Mesh = _read_only("_mesh", "The pure mesh value.")
+    device_type: str = _read_only("_device_type", '"cpu" or "cuda".')
+    backend: str = _read_only("_backend", 'The groups\' backend: "gloo", "nccl", or "fake" under torch\'s fake group.')
+    rank: int = _read_only("_rank", "This process's global rank.")
+    coordinate: tuple[int, ...] | None = _read_only(
+        "_coordinate", "This rank's coordinate in its submesh (mesh order), ``None`` when outside the mesh.")
+
+    def _check_alive(self, api: str) -> None:
+        if self._epoch != CACHE.epoch:
+            raise MeshError(f"`{api}` requires a realized mesh whose groups still exist, but got {self!r}, "
+                            f"whose groups clear_cache() destroyed; call realize(mesh) again")
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        """The mesh's axis names."""
+        return self._mesh.axis_names
+
+    def axis_size(self, axis: str) -> int:
+        """Size of ``axis`` (no communication)."""
+        return self._mesh.axis_size(axis)
+
+    def group(self, axis: str | Sequence[str]) -> Any:
+        """This rank's ``ProcessGroup`` for ``axis`` (``None`` when this rank is outside the mesh).
+
+        A tuple of axes gives the product group when it was realized (``products=``).
+        """
+        self._check_alive("RealizedMesh.group")
+        if isinstance(axis, str):
+            axis_position(self._mesh, axis, "RealizedMesh.group")
+            return self._groups[axis]
+        names = as_name_tuple("RealizedMesh.group", axis, "axis")
+        if len(names) == 1:
+            return self.group(names[0])
+        self._mesh[names]
+        if names not in self._groups:
+            raise MeshError(requires("RealizedMesh.group", "a product of axes that was realized", "axis", names,
+                                     tuple(k for k in self._groups if isinstance(k, tuple)))
+                            + f"; pass products=[{names!r}] to realize", mesh=self._mesh)
+        return self._groups[names]
+
+    def has_group(self, axes: tuple[str, ...]) -> bool:
+        """True when the product group of ``axes`` was realized with this mesh."""
+        return axes in self._groups
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's device: ``cuda:<current device>`` (realize set it from LOCAL_RANK) or ``cpu``."""
+        if self._device_type == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device(self._device_type)
+
+    def local_rank(self, axis: str) -> int:
+        """This rank's index along ``axis`` (its coordinate; also its group rank)."""
+        i = axis_position(self._mesh, axis, "RealizedMesh.local_rank")
+        if self._coordinate is None:
+            raise MeshError(requires("RealizedMesh.local_rank", "a rank that belongs to the mesh", "rank",
+                                     self._rank, f"devices {self._mesh.device_list.describe()}"), mesh=self._mesh)
+        return self._coordinate[i]
+
+    def __getitem__(self, names: str | Sequence[str]) -> RealizedMesh:
+        """A realized selection, served from the cache (no communication, no new groups)."""
+        self._check_alive("RealizedMesh[...]")
+        sub = self._mesh[names]
+        groups = {n: self._groups[n] for n in sub.axis_names}
+        return RealizedMesh(sub, self._device_type, self._backend, groups, self._rank, self._epoch,
+                            self._root or self)
+
+    @property
+    def device_mesh(self) -> Any:
+        """A torch ``DeviceMesh`` over the same groups (``None`` on ranks outside the mesh).
+
+        Built once, lazily, with ``DeviceMesh.from_group`` (no new groups). A selection whose
+        axes keep the root's order is a slice of the root's ``device_mesh``, so FSDP2 and
+        tensor parallel can share one torch root.
+        """
+        self._check_alive("RealizedMesh.device_mesh")
+        if self._coordinate is None:
+            return None
+        if self._device_mesh is None:
+            with CACHE.lock:  # one torch mesh per realized mesh, even when threads ask at once
+                if self._device_mesh is None:
+                    object.__setattr__(self, "_device_mesh", self._build_device_mesh())
+        return self._device_mesh
+
+    def _build_device_mesh(self) -> Any:
+        mesh = self._mesh
+        if mesh.ndim == 0:
+            raise MeshError(f"`RealizedMesh.device_mesh` requires a mesh with at least one axis, but got {mesh!r}",
+                            mesh=mesh)
+        root = self._root
+        if root is not None and _in_order(mesh.axis_names, root.mesh.axis_names):
+            return root.device_mesh[mesh.axis_names if mesh.ndim > 1 else mesh.axis_names[0]]
+        submesh = mesh.group_of(self._rank)
+        groups = []
+        for i, name in enumerate(mesh.axis_names):
+            pg = self._groups[name]
+            index = tuple(slice(None) if j == i else c for j, c in enumerate(self._coordinate))
+            row = submesh[index].reshape(-1).tolist()
+            members = _torch.group_members(pg)
+            if members != row:
+                raise MeshError(
+                    f"`RealizedMesh.device_mesh` requires each axis group to hold its mesh row in mesh order, "
+                    f"but axis {name!r} has group ranks {members} for row {row}", mesh=mesh)
+            groups.append(pg)
+        return _torch.device_mesh_from_groups(groups, self._device_type, submesh, mesh.axis_names)
+
+    def __enter__(self) -> RealizedMesh:
+        self._check_alive("with RealizedMesh")
+        _CURRENT.set(_CURRENT.get() + (self,))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # The stack is per thread/task (a context variable), so no token is kept on the shared
+        # object: two threads may enter and leave the same realized mesh in any order.
+        _CURRENT.set(_CURRENT.get()[:-1])
+
+    def __reduce__(self):
+        raise TypeError(
+            "a RealizedMesh holds live process groups and cannot be pickled; pickle rm.mesh (a pure Mesh) "
+            "and call realize() on it in the receiving job"
+        )
+
+    def __repr__(self) -> str:
+        where = "outside the mesh" if self._coordinate is None else f"coordinate {self._coordinate}"
+        return f"RealizedMesh({self._mesh!r}, {self._backend}, rank {self._rank}: {where})"
+
+
+def _in_order(names: tuple[str, ...], root_names: tuple[str, ...]) -> bool:
+    """True when ``names`` is a subsequence of ``root_names`` in the same order."""
+    it = iter(root_names)
+    return all(n in it for n in names)

@@ -1,0 +1,392 @@
+"""Pure integer layout algebra in the spirit of CuTe, linearised row-major.
+
+A layout is a function from a flat coordinate ``i`` in ``[0, size)`` to an index: write ``i``
+in the mixed radix of ``shape`` (row-major: the *last* mode varies fastest, torch's
+convention, unlike CuTe's column-major one) and take the dot product of those digits with
+``stride``. ``Layout((2, 3), (6, 1))`` maps ``0..5`` to ``0, 1, 2, 6, 7, 8``.
+
+Layouts are kept in canonical form: size-1 modes dropped and adjacent modes merged where
+``outer.stride == inner.shape * inner.stride``. So equal functions have equal values and
+equal hashes (for the layouts this library builds: every mode's stride divides the next
+larger one's, which is what makes the canonical form unique).
+
+Every function here is pure and O(number of modes), except the enumerations, which build
+exactly the array they return and nothing larger.
+
+Examples:
+    >>> a = Layout((2, 2, 3), (6, 3, 1))          # row-major over (2, 2, 3)
+    >>> a                                         # coalesced: one mode of 12
+    Layout(12:1)
+    >>> b = Layout((2, 3), (6, 1))                # a flattened non-adjacent pair
+    >>> indices(b).tolist()
+    [0, 1, 2, 6, 7, 8]
+    >>> complement(b, 12)                         # the translates that tile [0, 12)
+    Layout(2:3)
+    >>> groups(b, 12).tolist()
+    [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from ._errors import MeshError
+from ._validate import Frozen, as_int, as_int_tuple
+
+__all__ = [
+    "Layout",
+    "coalesce",
+    "complement",
+    "composition",
+    "concat",
+    "cosize",
+    "decompose",
+    "groups",
+    "indices",
+    "is_injective",
+    "row_major",
+    "row_major_strides",
+    "size",
+]
+
+Modes = tuple[tuple[int, int], ...]  # ((shape, stride), ...), outermost first
+
+
+def _canonical(modes: Iterable[tuple[int, int]]) -> Modes:
+    """Coalesce ``modes``: drop size-1 modes, merge an outer mode into the inner one it continues.
+
+    Preserves the function ``i -> index`` exactly (law: ``indices`` is unchanged).
+    """
+    out: list[tuple[int, int]] = []  # built innermost first
+    for shape, stride in reversed(tuple(modes)):
+        if shape == 1:
+            continue
+        if out:
+            inner_shape, inner_stride = out[-1]
+            if inner_shape * inner_stride == stride:
+                out[-1] = (inner_shape * shape, inner_stride)
+                continue
+        out.append((shape, stride))
+    out.reverse()
+    return tuple(out)
+
+
+class Layout(Frozen):
+    """A flat layout ``shape:stride`` in canonical (coalesced) form; immutable, hashable.
+
+    A plain ``__slots__`` value (see :class:`~functional_mesh._validate.Frozen`): equality and hash
+    are those of the canonical modes.
+
+    Args:
+        shape: the extent of each mode, outermost first; positive ints.
+        stride: the index step of each mode; non-negative ints. Defaults to row-major
+            (compact) strides over ``shape``.
+
+    Examples:
+        >>> Layout((2, 4), (4, 1)) == Layout(8)
+        True
+        >>> Layout((2, 4), (1, 2))(1)                 # coordinate 1 = digits (0, 1)
+        2
+    """
+
+    __slots__ = ("modes", "_hash")  # modes: the ``(shape, stride)`` pairs, outermost first
+    modes: Modes
+    _hash: int
+
+    def __init__(self, shape: int | Sequence[int] = (), stride: int | Sequence[int] | None = None) -> None:
+        shape_t = as_int_tuple("Layout", "shape", shape)
+        if any(s < 1 for s in shape_t):
+            raise MeshError(f"`Layout` requires positive mode sizes, but got shape={shape_t!r}")
+        if stride is None:
+            stride_t = row_major_strides(shape_t)
+        else:
+            stride_t = as_int_tuple("Layout", "stride", stride)
+            if len(stride_t) != len(shape_t):
+                raise MeshError(
+                    f"`Layout` requires one stride per mode, but got shape={shape_t!r}, stride={stride_t!r}"
+                )
+            if any(d < 0 for d in stride_t):
+                raise MeshError(f"`Layout` requires non-negative strides, but got stride={stride_t!r}")
+        self._set(_canonical(zip(shape_t, stride_t, strict=True)))
+
+    def _set(self, modes: Modes) -> None:
+        object.__setattr__(self, "modes", modes)
+        object.__setattr__(self, "_hash", hash(modes))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The extent of each mode, outermost first."""
+        return tuple(s for s, _ in self.modes)
+
+    @property
+    def stride(self) -> tuple[int, ...]:
+        """The index step of each mode, outermost first."""
+        return tuple(d for _, d in self.modes)
+
+    @classmethod
+    def _from_modes(cls, modes: Iterable[tuple[int, int]]) -> Layout:
+        """Internal constructor for modes already known to be valid ints."""
+        self = object.__new__(cls)
+        self._set(_canonical(modes))
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Layout):
+            return NotImplemented
+        return self is other or self.modes == other.modes
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):
+        return (Layout._from_modes, (self.modes,))
+
+    @property
+    def size(self) -> int:
+        """Number of coordinates: the product of the mode sizes."""
+        return math.prod(s for s, _ in self.modes)
+
+    @property
+    def cosize(self) -> int:
+        """One past the largest index: ``layout(size - 1) + 1``."""
+        return 1 + sum((s - 1) * d for s, d in self.modes)
+
+    def __call__(self, coordinate: int) -> int:
+        """The index of flat (row-major) ``coordinate`` in ``[0, size)``."""
+        i = as_int("Layout.__call__", "coordinate", coordinate)
+        if not 0 <= i < self.size:
+            raise MeshError(
+                f"`Layout.__call__` requires a coordinate in [0, {self.size}), but got coordinate={i!r}"
+            )
+        return modes_value(self.modes, i)
+
+    def __repr__(self) -> str:
+        return f"Layout({self})"
+
+    def __str__(self) -> str:
+        if not self.shape:
+            return "1:0"
+        if len(self.shape) == 1:
+            return f"{self.shape[0]}:{self.stride[0]}"
+        return f"({','.join(map(str, self.shape))}):({','.join(map(str, self.stride))})"
+
+
+def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Compact row-major strides: the last mode has stride 1."""
+    strides = []
+    step = 1
+    for s in reversed(shape):
+        strides.append(step)
+        step *= s
+    return tuple(reversed(strides))
+
+
+def row_major(shape: Sequence[int]) -> Layout:
+    """The compact row-major layout over ``shape`` (the identity on ``[0, prod(shape))``)."""
+    return Layout(shape)
+
+
+def size(layout: Layout) -> int:
+    """Number of coordinates of ``layout``."""
+    return layout.size
+
+
+def cosize(layout: Layout) -> int:
+    """One past the largest index ``layout`` produces."""
+    return layout.cosize
+
+
+def coalesce(shape: Sequence[int], stride: Sequence[int]) -> Layout:
+    """The canonical layout with the same function as ``shape:stride``.
+
+    Law: ``indices(coalesce(s, d))`` equals the row-major enumeration of ``s:d``.
+    """
+    return Layout(shape, stride)
+
+
+def concat(*layouts: Layout) -> Layout:
+    """The layout whose modes are those of ``layouts`` in order (outermost first).
+
+    Law: coordinate ``(i_1, ..., i_k)`` (row-major over the sizes) maps to
+    ``layouts[0](i_1) + ... + layouts[k-1](i_k)``.
+    """
+    return Layout._from_modes(m for lay in layouts for m in lay.modes)
+
+
+def complement_modes(modes: Iterable[tuple[int, int]], n: int, shown: object) -> Modes:
+    """Modes (outermost first) of the complement of ``modes`` within ``[0, n)``.
+
+    The complement fills every gap between the modes (sorted by stride) and repeats the whole
+    block up to ``n``. It exists iff each stride is a multiple of the span below it and ``n``
+    is a multiple of the total span; otherwise ``MeshError`` naming ``shown``.
+    """
+    gaps: list[tuple[int, int]] = []
+    span = 1
+    for shape, stride in sorted(modes, key=_by_stride):
+        if stride == 0 or stride % span:
+            raise MeshError(
+                f"`complement` requires a layout whose modes do not overlap and are aligned "
+                f"(each stride a multiple of the span below it), but got layout={shown}"
+            )
+        if stride > span:
+            gaps.append((stride // span, span))
+        span = stride * shape
+    if n < 1 or n % span:
+        raise MeshError(
+            f"`complement` requires a size that is a multiple of the layout's span {span}, "
+            f"but got n={n!r} for layout={shown}"
+        )
+    if n > span:
+        gaps.append((n // span, span))
+    gaps.reverse()
+    return tuple(gaps)
+
+
+def _by_stride(mode: tuple[int, int]) -> int:
+    return mode[1]
+
+
+def complement(layout: Layout, n: int) -> Layout:
+    """The layout ``c`` of offsets such that ``{c(j) + layout(i)}`` is exactly ``[0, n)``.
+
+    Its modes are ordered by decreasing stride, so its translates enumerate in increasing
+    order of their smallest index (torch's and Megatron's group order).
+
+    Laws: the translates are disjoint and cover ``[0, n)``; ``size(layout) * size(c) == n``.
+
+    Raises:
+        MeshError: when ``layout`` overlaps itself, is not aligned, or does not divide ``n``.
+    """
+    n = as_int("complement", "n", n)
+    return Layout._from_modes(complement_modes(layout.modes, n, layout))
+
+
+def composition(outer: Layout, inner: Layout) -> Layout:
+    """The layout ``outer ∘ inner``: coordinate ``i`` maps to ``outer(inner(i))``.
+
+    ``inner`` selects coordinates of ``outer``; the result exists as a layout when each mode
+    of ``inner`` walks ``outer``'s modes in whole steps (CuTe's divisibility condition).
+
+    Law: ``composition(a, b)(i) == a(b(i))`` for every ``i`` in ``[0, size(b))``.
+
+    Raises:
+        MeshError: when ``inner`` leaves ``outer``'s domain or is not expressible over its modes.
+    """
+    if inner.cosize > outer.size:
+        raise MeshError(
+            f"`composition` requires the inner layout to stay inside the outer layout's "
+            f"{outer.size} coordinates, but got inner={inner} (cosize {inner.cosize}) for outer={outer}"
+        )
+    modes: list[tuple[int, int]] = []
+    for s, d in inner.modes:
+        modes.extend(compose_mode(outer, s, d, inner))
+    return Layout._from_modes(modes)
+
+
+def compose_mode(outer: Layout, shape: int, stride: int, shown: object = None) -> list[tuple[int, int]]:
+    """Modes (outermost first) of ``outer`` restricted to the arithmetic walk ``shape:stride``.
+
+    ``shown`` names the inner layout in the error message (default: the walk itself).
+    """
+    if stride == 0:
+        return [(shape, 0)]
+    picked: list[tuple[int, int]] = []  # innermost first
+    rest_shape, rest_stride = shape, stride
+    for a_shape, a_stride in reversed(outer.modes):
+        if rest_shape == 1:
+            break
+        if rest_stride >= a_shape:
+            if rest_stride % a_shape:
+                break  # the walk straddles this mode: not a layout
+            rest_stride //= a_shape
+            continue
+        if a_shape % rest_stride:
+            break
+        available = a_shape // rest_stride
+        take = min(available, rest_shape)
+        if rest_shape > available and rest_shape % available:
+            break
+        picked.append((take, a_stride * rest_stride))
+        rest_shape //= take
+        rest_stride = 1
+    if rest_shape != 1:
+        raise MeshError(
+            f"`composition` requires each mode of the inner layout to split the outer layout's "
+            f"modes evenly, but got mode {shape}:{stride} of inner={shown or f'{shape}:{stride}'} "
+            f"against outer={outer}"
+        )
+    return picked[::-1]
+
+
+def is_injective(layout: Layout) -> bool:
+    """True when no two coordinates of ``layout`` map to the same index.
+
+    Sorted by stride, modes that each start at or past the span below them are injective
+    (the fast path, O(modes)); otherwise the answer comes from enumerating the layout's own
+    ``size`` indices.
+    """
+    span = 1
+    for stride, shape in sorted((d, s) for s, d in layout.modes):
+        if stride < span:
+            return bool(np.unique(indices(layout)).size == layout.size)
+        span = stride * shape
+    return True
+
+
+def indices(layout: Layout) -> np.ndarray:
+    """The indices of ``layout`` for coordinates ``0..size-1``, as an int64 array.
+
+    Builds the answer mode by mode; no intermediate array is larger than the result.
+    """
+    out = np.zeros(1, dtype=np.int64)
+    for s, d in layout.modes:
+        out = np.add.outer(out, np.arange(s, dtype=np.int64) * d).reshape(-1)
+    return out
+
+
+def groups(layout: Layout, n: int) -> np.ndarray:
+    """Every translate of ``layout`` inside ``[0, n)``: shape ``(n // size, size)``.
+
+    Row ``j`` is ``complement(layout, n)(j) + indices(layout)``; rows are in increasing order
+    of their first index.
+    """
+    offsets = indices(complement(layout, n))
+    return np.add.outer(offsets, indices(layout))
+
+
+def decompose(layout: Layout, n: int, index: int) -> tuple[int, int]:
+    """Locate ``index`` in ``[0, n)``: ``(j, i)`` with ``complement(layout, n)(j) + layout(i) == index``.
+
+    O(modes): the modes of a layout and its complement form one mixed radix of ``[0, n)``.
+    """
+    index = as_int("decompose", "index", index)
+    if not 0 <= index < n:
+        raise MeshError(f"`decompose` requires an index in [0, {n}), but got index={index!r}")
+    comp = complement_modes(layout.modes, n, layout)
+    return digits_value(comp, index), digits_value(layout.modes, index)
+
+
+def modes_value(modes: Modes, coordinate: int) -> int:
+    """The index of flat (row-major) ``coordinate`` under ``modes``: the layout's function, unchecked.
+
+    The inverse direction of :func:`digits_value` for an index the modes own.
+    """
+    index = 0
+    for s, d in reversed(modes):
+        coordinate, digit = divmod(coordinate, s)
+        index += digit * d
+    return index
+
+
+def digits_value(modes: Modes, index: int) -> int:
+    """The row-major coordinate over ``modes`` of the digits of ``index`` in a tiling they belong to.
+
+    In a tiling of ``[0, n)`` every mode ``s:d`` owns the digit ``(index // d) % s``.
+    """
+    value = 0
+    for s, d in modes:
+        value = value * s + (index // d) % s
+    return value

@@ -1,0 +1,234 @@
+"""``realize``: the one effectful step. Process groups for a mesh value, cached by layout.
+
+Every rank of the default group calls ``realize(mesh)`` with equal meshes, in the same
+order. Groups are cached in two levels:
+
+1. an *axis key* (the axis's canonical layout, the device list, device type, backend and
+   options) maps to the axis's groups, so a repeated or equivalent axis is a pure lookup;
+2. each group is held under its *ordered* member tuple (+ backend + options), so an axis
+   reached by another path (another name, another device list, a flatten or an unflatten)
+   shares every group that already exists and creates only the missing ones.
+
+Creation is one deterministic pass that every rank makes in the same order: ``split_group``
+per axis when the default group is NCCL bound to a device and the axis's groups are ascending,
+else one ``new_group`` per missing member tuple with ``sort_ranks=False``, so a member's group
+rank *is* its coordinate along the axis (mesh order). Size-1 axes get local singleton groups
+(no communication). An axis whose only group is the whole world, ascending, reuses the
+default group.
+
+Only this module creates process groups. The decisions it carries out are pure functions in
+``_realize_plan.py``; the cache it fills is ``_cache.py``; the handle it returns is ``_handle.py``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ._agree import _agree
+from ._cache import CACHE
+from ._errors import MeshError, requires
+from ._handle import RealizedMesh
+from ._mesh import Mesh
+from ._realize_plan import (
+    as_timeout,
+    axis_report,
+    check_timeout_seconds,
+    creation_method,
+    describe_request,
+    plan_init,
+    product_axes,
+    resolve_backend,
+)
+
+__all__ = ["realize"]
+
+_STORE_PREFIX = "functional_mesh/realize"
+# One line per axis per realize call (size, groups, new groups, host span): INFO on rank 0, DEBUG
+# elsewhere; silent unless enabled, e.g. logging.basicConfig(level=logging.INFO).
+_LOG = logging.getLogger("functional_mesh.realize")
+
+
+# -- realize -----------------------------------------------------------------------------------
+
+
+def realize(
+    mesh: Mesh,
+    device_type: str | None = None,
+    *,
+    backend: str | None = None,
+    timeout: float | datetime.timedelta | None = None,
+    check: bool | float = True,
+    products: Iterable[Sequence[str]] = (),
+) -> RealizedMesh:
+    """Create (or look up) the process groups of every axis of ``mesh``; a collective call.
+
+    Every rank of the default group must call it, in the same order, with an equal mesh.
+    Initialises the default group from the torchrun environment when none exists.
+
+    Args:
+        mesh: the mesh value. Its devices must be ranks of the world.
+        device_type: "cpu" or "cuda"; ``None`` follows the default group's backend (or CUDA
+            when available if realize initialises the default group).
+        backend: ``None`` = the default group's backend when it serves ``device_type`` (as in
+            ``new_group``), else gloo for cpu and NCCL for cuda.
+        timeout: timeout of the created groups (seconds or a timedelta); ``None`` = torch's.
+        check: compare the request across all ranks first and raise ``MeshError`` on every
+            rank that got there when they differ or one never arrives: ``True`` (wait
+            ``$FUNCTIONAL_MESH_CHECK_TIMEOUT`` or 60 s), ``False``, or a number of seconds.
+        products: tuples of axis names whose product groups to create as well, for
+            tuple-axis collectives (``products=[("dp", "cp")]``).
+
+    Returns:
+        The realized mesh: ``rm.group("tp")``, ``rm.coordinate``, ``rm.device_mesh``, ...
+    """
+    if not isinstance(mesh, Mesh):
+        raise TypeError(requires("realize", "a functional_mesh.Mesh", "mesh", mesh))
+    timeout_td = as_timeout(timeout)
+    wait_s = check_timeout_seconds(check, os.environ)
+    products_t = product_axes(mesh, products)
+    if not dist.is_initialized():
+        _init_default(device_type, backend, timeout_td)
+    default_backend = str(dist.get_backend())
+    device_type, backend_name, backend_arg = resolve_backend(default_backend, device_type, backend,
+                                                             torch.cuda.is_available())
+    _check_available(device_type, backend_name, backend_arg)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if mesh.device_list.max() >= world:
+        raise MeshError(requires("realize", f"devices that are ranks of the world (0..{world - 1})",
+                                 "largest device", mesh.device_list.max()), mesh=mesh)
+    options = (timeout_td.total_seconds() if timeout_td else None,)
+    if wait_s is not None and backend_name != "fake":
+        with CACHE.lock:  # only checked calls are numbered: a rank's unchecked lookups shift nothing
+            CACHE.calls += 1
+            call = CACHE.calls
+        request = describe_request(mesh, device_type, backend_name, options, products_t)
+        _check_same_request(call, request, rank, world, wait_s)
+    families = [(name, mesh[name]) for name in mesh.axis_names]
+    families += [(axes, mesh[axes].flatten(name="product")) for axes in products_t]
+    maker = _GroupMaker(device_type, backend_name, backend_arg, options, timeout_td, world, rank, default_backend)
+    groups: dict[Any, Any] = {}
+    made: dict[Any, int] = {}
+    with CACHE.lock:
+        for key, family in families:
+            before = CACHE.made
+            groups[key] = maker.group_of_rank(family)
+            made[key] = CACHE.made - before
+        epoch = CACHE.epoch
+    level = logging.INFO if rank == 0 else logging.DEBUG  # the lines are equal on every rank
+    if _LOG.isEnabledFor(level):
+        for line in axis_report(mesh, [(key, family, made[key]) for key, family in families],
+                                os.environ.get("LOCAL_WORLD_SIZE")):
+            _LOG.log(level, "rank %d: %s", rank, line)
+    return RealizedMesh(mesh, device_type, backend_name, groups, rank, epoch, root=None)
+
+
+def _check_available(device_type: str, backend_name: str, backend_arg: str | None) -> None:
+    """Refuse, before any group is made, a backend this torch lacks or CUDA without a GPU."""
+    if backend_name == "fake":
+        return
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise MeshError(requires("realize", "an available device type", "device_type", "cuda", "'cpu'"))
+    if backend_arg is not None and not dist.is_backend_available(backend_name):
+        valid = [b for b in dist.Backend.backend_list if b != "undefined" and dist.is_backend_available(b)]
+        raise MeshError(requires("realize", "a backend available in this torch build", "backend", backend_arg, valid))
+
+
+def _init_default(device_type: str | None, backend: str | None, timeout: datetime.timedelta | None) -> None:
+    plan = plan_init(dict(os.environ), torch.cuda.is_available(), device_type, backend)
+    kwargs: dict[str, Any] = {"backend": plan.backend}
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    if plan.device_index is not None:
+        torch.cuda.set_device(plan.device_index)
+        kwargs["device_id"] = torch.device("cuda", plan.device_index)
+    dist.init_process_group(**kwargs)
+
+
+class _GroupMaker:
+    """One realize call's parameters; makes (or finds) the groups of an axis family."""
+
+    def __init__(self, device_type: str, backend: str, backend_arg: str | None, options: tuple,
+                 timeout: datetime.timedelta | None, world: int, rank: int, default_backend: str) -> None:
+        self.device_type, self.backend, self.backend_arg = device_type, backend, backend_arg
+        self.options, self.timeout, self.world, self.rank = options, timeout, world, rank
+        self.default_backend = default_backend
+
+    def group_of_rank(self, family: Mesh) -> Any:
+        """This rank's group of the 1-axis ``family`` (``None`` when not a member)."""
+        (name,) = family.axis_names
+        axis_key = (family.axis_layout(name), family.device_list, self.device_type, self.backend, self.options)
+        if axis_key in CACHE.axes:  # a hit: O(1), whatever the world size
+            CACHE.hits += 1
+            return CACHE.axes[axis_key]
+        CACHE.misses += 1
+        rows = tuple(tuple(r) for r in family.groups().reshape(family.num_groups, -1).tolist())
+        try:
+            self._create(rows)
+        except RuntimeError as exc:  # c10d's DistStoreError / gloo errors: a member died or stopped
+            timeout = f"{self.timeout.total_seconds():g} s" if self.timeout else "torch's default timeout"
+            raise MeshError(
+                f"`realize` could not create the process groups of axis {name!r} (first {list(rows[0])}, "
+                f"{len(rows)} in all) within {timeout}: a member rank probably died or stopped calling realize "
+                f"(set realize(..., timeout=seconds) to fail sooner); torch said: {exc}") from exc
+        group = family.group_of(self.rank)
+        mine = None if group is None else CACHE.groups[(tuple(group.reshape(-1).tolist()), self.backend,
+                                                          self.options)]
+        CACHE.axes[axis_key] = mine
+        return mine
+
+    def _create(self, rows: tuple[tuple[int, ...], ...]) -> None:
+        missing = [r for r in rows if (r, self.backend, self.options) not in CACHE.groups]
+        if not missing:
+            return
+        default = dist.distributed_c10d._get_default_group()
+        method = creation_method(missing, self.world, self.default_backend, self.backend,
+                                 bool(getattr(default, "bound_device_id", None)))
+        kwargs: dict[str, Any] = {"timeout": self.timeout}
+        if method == "default":
+            CACHE.groups[(missing[0], self.backend, self.options)] = default
+            return
+        if method == "local":
+            for row in missing:
+                pg = None
+                if row[0] == self.rank:
+                    pg = dist.new_group(list(row), backend=self.backend_arg, use_local_synchronization=True,
+                                        **kwargs)
+                    CACHE.created.append(pg)
+                self._store(row, pg)
+            return
+        if method == "split":
+            pg = dist.split_group(split_ranks=[list(r) for r in missing], **kwargs)
+            if pg is not None:
+                CACHE.created.append(pg)
+            for row in missing:
+                self._store(row, pg if self.rank in row else None)
+            return
+        for row in missing:  # every rank, same order: c10d names groups by a shared counter
+            pg = dist.new_group(list(row), backend=self.backend_arg, sort_ranks=False, **kwargs)
+            if pg is dist.GroupMember.NON_GROUP_MEMBER or pg is None:
+                pg = None
+            else:
+                CACHE.created.append(pg)
+            self._store(row, pg)
+
+    def _store(self, row: tuple[int, ...], pg: Any) -> None:
+        CACHE.groups[(row, self.backend, self.options)] = pg
+        CACHE.made += 1
+
+
+# -- divergence check (the agreement itself lives in _agree.py) ----------------------------------
+
+
+def _check_same_request(call: int, request: str, rank: int, world: int, wait_s: float) -> None:
+    """realize's check: the whole world, led by rank 0, compares the request of call ``call``."""
+    _agree("realize", "every rank to call it with an equal mesh", f"realize call #{call}",
+           f"{_STORE_PREFIX}/{call}", range(world), rank, request, wait_s)
+
+

@@ -1,0 +1,195 @@
+"""realize's decisions, as pure functions of their inputs (no torch, no process group).
+
+What :func:`functional_mesh.realize` decides before and around its effects: how to initialise
+the default group from the torchrun environment, which backend and device type a request
+means, how an axis's missing groups are made, the divergence check's wait, the timeout of new
+groups, the text two ranks compare, and the log lines of a call. ``tests/unit/
+test_realize_decisions.py`` tests them as tables; ``_realize.py`` carries them out.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from ._errors import MeshError, requires
+from ._mesh import Mesh
+from ._validate import as_name_tuple
+
+__all__ = ["CHECK_TIMEOUT_ENV", "DEFAULT_CHECK_TIMEOUT_S", "InitPlan", "as_timeout", "axis_report",
+           "check_device_type", "check_timeout_seconds", "creation_method", "describe_request", "plan_init",
+           "product_axes", "resolve_backend"]
+
+CHECK_TIMEOUT_ENV = "FUNCTIONAL_MESH_CHECK_TIMEOUT"
+DEFAULT_CHECK_TIMEOUT_S = 60.0
+NATURAL_BACKEND = {"cpu": "gloo", "cuda": "nccl"}
+
+
+class InitPlan(NamedTuple):
+    """How realize initialises the default group when none exists."""
+
+    backend: str
+    device_type: str
+    device_index: int | None  # CUDA: the current device and NCCL's bound device_id
+
+
+def plan_init(env: dict[str, str], cuda_available: bool, device_type: str | None, backend: str | None) -> InitPlan:
+    """The default-group plan from the torchrun environment (``RANK``, ``WORLD_SIZE``, ...).
+
+    CUDA takes its device from ``LOCAL_RANK`` (torchrun sets it; 0 when absent) and binds NCCL
+    to it, so ``split_group`` is available later.
+    """
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
+    if missing:
+        raise MeshError(
+            requires("realize", "an initialised torch.distributed job or the torchrun environment",
+                     "missing environment variables", missing)
+            + "; run under torchrun, or call torch.distributed.init_process_group first"
+        )
+    device_type = device_type or ("cuda" if cuda_available else "cpu")
+    check_device_type(device_type)
+    if device_type == "cuda" and not cuda_available:
+        raise MeshError(requires("realize", "an available device type", "device_type", "cuda", "'cpu'"))
+    backend = backend or NATURAL_BACKEND[device_type]
+    index = int(env.get("LOCAL_RANK", "0")) if device_type == "cuda" else None
+    return InitPlan(backend, device_type, index)
+
+
+def check_device_type(device_type: object) -> None:
+    if not isinstance(device_type, str):
+        raise TypeError(requires("realize", "a str device_type", "device_type", device_type, tuple(NATURAL_BACKEND)))
+    if device_type not in NATURAL_BACKEND:
+        raise MeshError(requires("realize", "a supported device type", "device_type", device_type,
+                                 tuple(NATURAL_BACKEND)))
+
+
+def resolve_backend(default_backend: str, device_type: str | None, backend: str | None,
+                    cuda_available: bool) -> tuple[str, str, str | None]:
+    """``(device_type, backend name for the cache key, backend argument for new_group)``.
+
+    ``device_type=None`` follows the default group's backend; ``backend=None`` means the
+    default group's backend when it serves the device type (as in ``new_group``), else the
+    natural backend of the device type (gloo for cpu under an NCCL default). Under torch's
+    single-process ``fake`` backend every group is fake and ``new_group`` gets ``None``.
+    """
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(requires("realize", "backend=None or a backend name (a str)", "backend", backend))
+    default_backend = default_backend.lower()
+    if device_type is None:
+        if default_backend == "nccl":
+            device_type = "cuda"
+        elif default_backend in ("gloo", "fake"):
+            device_type = "cpu"
+        else:  # e.g. "cpu:gloo,cuda:nccl"
+            device_type = "cuda" if cuda_available and "cuda" in default_backend else "cpu"
+    check_device_type(device_type)
+    if default_backend == "fake":
+        if backend not in (None, "fake"):
+            raise MeshError(requires("realize", "backend=None under torch's fake process group", "backend",
+                                     backend, "None"))
+        return device_type, "fake", None
+    if backend is None:
+        serves = default_backend == NATURAL_BACKEND[device_type] or f"{device_type}:" in default_backend
+        if serves:
+            return device_type, default_backend, None
+        backend = NATURAL_BACKEND[device_type]
+    return device_type, backend.lower(), backend
+
+
+def creation_method(rows: Sequence[tuple[int, ...]], world_size: int, default_backend: str, backend: str,
+                    bound_device: bool) -> str:
+    """How one axis's missing groups are made: "default", "local", "split" or "new_group".
+
+    - "default": the only group is the whole world in ascending order and the backend is the
+      default one: reuse the default group (no call).
+    - "local": singleton groups: each member makes its own, with local synchronisation.
+    - "split": one ``split_group`` call for the axis (NCCL default group bound to a device,
+      NCCL requested, every group ascending; ``split_group`` always sorts members).
+    - "new_group": one ``new_group(ranks, sort_ranks=False)`` per missing tuple, on every rank.
+    """
+    if len(rows) == 1 and rows[0] == tuple(range(world_size)) and backend == default_backend.lower():
+        return "default"
+    if all(len(r) == 1 for r in rows):
+        return "local"
+    ascending = all(all(a < b for a, b in zip(r, r[1:])) for r in rows)
+    if default_backend.lower() == "nccl" and backend == "nccl" and bound_device and ascending:
+        return "split"
+    return "new_group"
+
+
+def check_timeout_seconds(check: bool | float, env: Mapping[str, str], api: str = "realize") -> float | None:
+    """The divergence-check wait: ``None`` when off; ``check`` seconds, the env var, or 60 s."""
+    if check is False:
+        return None
+    if check is True:
+        raw = env.get(CHECK_TIMEOUT_ENV)
+        if raw is None:
+            return DEFAULT_CHECK_TIMEOUT_S
+        try:
+            value = float(raw)
+        except ValueError:
+            raise MeshError(requires(api, f"a number of seconds in ${CHECK_TIMEOUT_ENV}", CHECK_TIMEOUT_ENV,
+                                     raw)) from None
+    elif isinstance(check, (int, float)) and not isinstance(check, bool):
+        value = float(check)
+    else:
+        raise TypeError(requires(api, "check=True, False or a number of seconds", "check", check))
+    if not 0 < value < math.inf:  # also refuses NaN
+        raise MeshError(requires(api, "a positive, finite check timeout", "check", value))
+    return value
+
+
+def as_timeout(timeout: object) -> datetime.timedelta | None:
+    rule = "timeout=None, a positive timedelta or a positive, finite number of seconds"
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        if timeout > datetime.timedelta(0):
+            return timeout
+    elif isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        if 0 < timeout < math.inf:
+            try:
+                return datetime.timedelta(seconds=timeout)
+            except OverflowError:  # beyond timedelta's ~2.7 million years
+                pass
+    else:
+        raise TypeError(requires("realize", rule, "timeout", timeout))
+    raise MeshError(requires("realize", rule, "timeout", timeout))
+
+
+def axis_report(mesh: Mesh, families: Sequence[tuple[Any, Mesh, int]], ranks_per_host: str | None) -> list[str]:
+    """The log lines of one realize call: per axis (or product), size, groups, new groups, host span.
+
+    ``ranks_per_host`` is torchrun's ``LOCAL_WORLD_SIZE`` (a string, or ``None`` outside torchrun).
+    """
+    per_host = int(ranks_per_host) if ranks_per_host and ranks_per_host.isdigit() and int(ranks_per_host) else None
+    lines = []
+    for key, family, created in families:
+        (name,) = family.axis_names
+        span = (family.host_span(per_host)[name] + f" ({per_host} ranks per host)" if per_host
+                else "host span unknown (LOCAL_WORLD_SIZE unset)")
+        label = key if isinstance(key, str) else "×".join(key)
+        lines.append(f"realize {mesh!r}: axis {label} size={family.size} groups={family.num_groups} "
+                     f"new_groups={created} {span}")
+    return lines
+
+
+def product_axes(mesh: Mesh, products: Iterable[Sequence[str]]) -> tuple[tuple[str, ...], ...]:
+    if isinstance(products, (str, bytes)) or not isinstance(products, Iterable):
+        raise TypeError(requires("realize", "an iterable of tuples of axis names for products", "products",
+                                 products))
+    out = []
+    for axes in products:
+        names = as_name_tuple("realize", axes, "products")
+        mesh[names]  # validates: known, distinct, non-empty
+        out.append(names)
+    return tuple(out)
+
+
+def describe_request(mesh: Mesh, device_type: str, backend: str, options: tuple, products: tuple) -> str:
+    layouts = ",".join(f"{n}={mesh.axis_layout(n)}" for n in mesh.axis_names)
+    text = (f"{mesh!r} [{layouts}; devices {mesh.device_list.digest()}] device_type={device_type} "
+            f"backend={backend} options={options} products={products}")
+    return text

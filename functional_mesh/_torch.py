@@ -1,0 +1,84 @@
+"""The torch boundary: torch's mesh and placement objects, and the private torch APIs we read.
+
+Everything the library hands to torch or reads back from it as a torch object passes here:
+DTensor placements (to and from our placement plan), a ``DeviceMesh`` over groups realize made,
+the layout of an existing ``DeviceMesh``. The private torch names used here, checked on torch
+2.13.0:
+
+- ``torch.distributed.tensor.placement_types._StridedShard(dim, split_factor=)``;
+- ``DeviceMesh._layout`` (per-dim ``shape``/``stride``) and ``DeviceMesh._rank_map``, the CuTe
+  layout of a torch mesh (torch >= 2.10);
+- ``DeviceMesh.from_group(groups, device_type, mesh=, mesh_dim_names=)`` (public, but its
+  multi-group form is what FSDP2 + TP rely on).
+
+Creates no process group. Pure floors reach this module only lazily (``NamedSharding.placements``)
+so that planning a mesh needs no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
+
+from ._errors import MeshError, requires
+
+__all__ = ["PlacementPlan", "device_mesh_from_groups", "from_placements", "group_members", "mesh_parts",
+           "to_placements"]
+
+# Per mesh axis: None (replicated) or (tensor dim, split factor): a factor of None is Shard(dim),
+# an int is _StridedShard(dim, split_factor=factor). Built by functional_mesh._sharding.placement_plan.
+PlacementPlan = tuple[tuple[int, int | None] | None, ...]
+
+
+def to_placements(plan: PlacementPlan) -> tuple[Any, ...]:
+    """DTensor placements for a placement plan, one per mesh axis."""
+    return tuple(Replicate() if p is None else Shard(p[0]) if p[1] is None else _StridedShard(p[0], split_factor=p[1])
+                 for p in plan)
+
+
+def from_placements(api: str, placements: Sequence[Any], mesh: Any = None) -> PlacementPlan:
+    """The placement plan of DTensor placements; a ``Partial`` (a pending reduction) is a ``MeshError``."""
+    plan: list[tuple[int, int | None] | None] = []
+    for placement in placements:
+        if isinstance(placement, _StridedShard):  # a subclass of Shard on some torch versions: test it first
+            plan.append((placement.dim, placement.split_factor))
+        elif isinstance(placement, Shard):
+            plan.append((placement.dim, None))
+        elif isinstance(placement, Replicate):
+            plan.append(None)
+        else:
+            raise MeshError(requires(api, "Shard or Replicate placements (a Partial is a pending reduction: "
+                                     "redistribute it to Replicate first)", "placement", placement,
+                                     "Shard, _StridedShard, Replicate"), mesh=mesh)
+    return tuple(plan)
+
+
+def group_members(pg: Any) -> list[int]:
+    """The global ranks of process group ``pg``, in group-rank order."""
+    return dist.get_process_group_ranks(pg)
+
+
+def device_mesh_from_groups(groups: Sequence[Any], device_type: str, submesh: np.ndarray,
+                            names: tuple[str, ...]) -> DeviceMesh:
+    """A torch ``DeviceMesh`` over existing groups, one per axis (no new group)."""
+    return DeviceMesh.from_group(list(groups), device_type, mesh=torch.from_numpy(np.ascontiguousarray(submesh)),
+                                 mesh_dim_names=names)
+
+
+def mesh_parts(dm: Any) -> tuple[tuple[str, ...], list[tuple[Any, Any]], list[int]]:
+    """``(dim names, per-dim (shape, stride), flat rank map)`` of a torch ``DeviceMesh``: all its groups."""
+    if not isinstance(dm, DeviceMesh):
+        raise TypeError(requires("from_device_mesh", "a torch DeviceMesh", "dm", dm))
+    layout = getattr(dm, "_layout", None)
+    rank_map = getattr(dm, "_rank_map", None)
+    if layout is None or rank_map is None:  # pragma: no cover - torch < 2.10
+        raise MeshError("`from_device_mesh` requires a torch DeviceMesh with CuTe layouts (torch >= 2.10)")
+    names = dm.mesh_dim_names or tuple(f"dim{i}" for i in range(dm.ndim))
+    return tuple(names), [(axis.shape, axis.stride) for axis in layout], rank_map.reshape(-1).tolist()
