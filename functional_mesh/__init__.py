@@ -19,6 +19,7 @@ from ._mesh import Mesh, MeshShape, make_mesh
 from ._order import mesh_from_order, order_axes
 from ._sharding import NamedSharding, P, PartitionSpec
 from ._visualize import visualize, visualize_sharding
+from ._vma import AxisTypes, VmaError
 
 __version__ = "0.1.0"
 
@@ -34,6 +35,10 @@ _LAZY: dict[str, str] = {
     "from_device_mesh": "_interop",
     "distribute": "_interop",
     "sharding_of": "_interop",
+    "reshard": "_interop",
+    "shard_map": "_shard_map",
+    "typeof": "_shard_map",
+    "pcast": "_collectives",
     "psum": "_collectives",
     "pmean": "_collectives",
     "pvary": "_collectives",
@@ -46,7 +51,8 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
-    "Layout", "Mesh", "MeshError", "MeshShape", "NamedSharding", "P", "PartitionSpec", "UnknownAxisError",
+    "AxisTypes", "Layout", "Mesh", "MeshError", "MeshShape", "NamedSharding", "P", "PartitionSpec", "UnknownAxisError",
+    "VmaError",
     "make_mesh", "mesh_from_order", "order_axes", "visualize", "visualize_sharding", *_LAZY,
 ]
 

@@ -37,7 +37,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.overrides import handle_torch_function, has_torch_function
 
+from . import _torch
 from ._agree import _agree, _next_call
 from ._errors import MeshError, requires
 from ._handle import RealizedMesh, resolve_mesh
@@ -45,8 +47,8 @@ from ._mesh import axis_position
 from ._realize_plan import check_timeout_seconds
 from ._validate import as_bool, as_dim, as_int, as_name_tuple, check_unique
 
-__all__ = ["CHECK_COLLECTIVES_ENV", "all_gather", "all_to_all", "axis_index", "axis_size", "pmean", "ppermute", "psum",
-           "psum_scatter", "pvary"]
+__all__ = ["CHECK_COLLECTIVES_ENV", "all_gather", "all_to_all", "as_gather_target", "axis_index", "axis_size", "pcast",
+           "pmean", "ppermute", "psum", "psum_scatter", "pvary", "resolve_call", "Call", "NO_TENSOR"]
 
 CHECK_COLLECTIVES_ENV = "FUNCTIONAL_MESH_CHECK_COLLECTIVES"
 _CHECK_MODES = {"1": "group", "group": "group", "mesh": "mesh"}  # setting -> participants
@@ -56,7 +58,7 @@ _CHECK_MODES = {"1": "group", "group": "group", "mesh": "mesh"}  # setting -> pa
 
 
 @dataclass(frozen=True, slots=True)
-class _Call:
+class Call:
     """One public collective call, resolved: its mesh, operand and axes, validated in one place.
 
     ``groups`` is the communication plan: ``[(group, size, axes)]``, the product group when the
@@ -90,13 +92,13 @@ class _Call:
         return MeshError(requires(self.api, rule, name, value), mesh=self.rm.mesh)
 
 
-_NO_TENSOR = object()
+NO_TENSOR = object()  # resolve_call's x for the collectives that take no tensor
 
 
-def _resolve(api: str, x: object, axis: object, mesh: object, tiled: object = True) -> _Call:
+def resolve_call(api: str, x: object, axis: object, mesh: object, tiled: object = True) -> Call:
     """Validate a call in the order users see its errors: mesh, tensor, ``tiled``, axes."""
     rm = resolve_mesh(api, mesh)
-    if x is not _NO_TENSOR and not isinstance(x, torch.Tensor):
+    if x is not NO_TENSOR and not isinstance(x, torch.Tensor):
         raise TypeError(requires(api, "a torch.Tensor", "x", x))
     tiled = as_bool(api, "tiled", tiled)
     names = as_name_tuple(api, axis, "axis")
@@ -105,7 +107,7 @@ def _resolve(api: str, x: object, axis: object, mesh: object, tiled: object = Tr
     for name in names:
         axis_position(rm.mesh, name, api)  # unknown axis: an error with "did you mean"
     check_unique(api, names, "axis")
-    return _Call(api, rm, None if x is _NO_TENSOR else x, names, tiled)
+    return Call(api, rm, None if x is NO_TENSOR else x, names, tiled)
 
 
 # -- the opt-in debug check (FUNCTIONAL_MESH_CHECK_COLLECTIVES) -----------------------------------
@@ -148,7 +150,7 @@ class _Check:
                f"functional_mesh/collective/{space}/{n}", participants, rm.rank, request, self.wait_s)
 
 
-def _check(call: _Call, params: str = "") -> _Check | None:
+def _check(call: Call, params: str = "") -> _Check | None:
     """The debug check of one call, or ``None`` when the mode is off (one environment lookup)."""
     api, rm, names = call.api, call.rm, call.names
     setting = os.environ.get(CHECK_COLLECTIVES_ENV)
@@ -186,6 +188,12 @@ def _scatter(x: torch.Tensor, group: Any, n: int, dim: int) -> torch.Tensor:
     out = front.new_empty((front.shape[0] // n, *front.shape[1:]))
     dist.reduce_scatter_single(out, front, group=group)
     return out.movedim(0, dim)
+
+
+def _slice_of(x: torch.Tensor, group: Any, n: int, dim: int) -> torch.Tensor:
+    """This member's ``1/n`` block of ``dim`` (mesh order), without communication."""
+    size = x.shape[dim] // n
+    return x.narrow(dim, dist.get_rank(group) * size, size).contiguous()
 
 
 def _exchange(x: torch.Tensor, group: Any, n: int, split_dim: int, concat_dim: int) -> torch.Tensor:
@@ -245,7 +253,7 @@ def _send_recv(x: torch.Tensor, members: list[int], me: int, pairs: list[tuple[i
 # -- public API ----------------------------------------------------------------------------------
 
 
-def _psum(call: _Call) -> torch.Tensor:
+def _psum(call: Call) -> torch.Tensor:
     x, groups = call.x, call.groups()
     check = _check(call)
     for group, _, axes in groups:
@@ -255,18 +263,24 @@ def _psum(call: _Call) -> torch.Tensor:
 
 def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Sum ``x`` over ``axis``; backward is the identity (the result is replicated over ``axis``)."""
-    return _psum(_resolve("psum", x, axis, mesh))
+    if has_torch_function((x,)):  # a shard_map region (or a tensor subclass) types this call as one op
+        return handle_torch_function(psum, (x,), x, axis, mesh=mesh)
+    return _psum(resolve_call("psum", x, axis, mesh))
 
 
 def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Mean of ``x`` over ``axis``: ``psum(x) / n``."""
-    call = _resolve("pmean", x, axis, mesh)
+    if has_torch_function((x,)):  # a shard_map region (or a tensor subclass) types this call as one op
+        return handle_torch_function(pmean, (x,), x, axis, mesh=mesh)
+    call = resolve_call("pmean", x, axis, mesh)
     return _psum(call) / call.size()
 
 
 def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Identity forward, ``psum`` backward: mark a replicated value entering ``axis``-varying compute."""
-    call = _resolve("pvary", x, axis, mesh)
+    if has_torch_function((x,)):  # a shard_map region (or a tensor subclass) types this call as one op
+        return handle_torch_function(pvary, (x,), x, axis, mesh=mesh)
+    call = resolve_call("pvary", x, axis, mesh)
     x, groups = call.x, call.groups()
     check = _check(call)
     for group, _, axes in groups:
@@ -275,24 +289,34 @@ def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
 
 
 def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tiled: bool = True,
-               mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Every member's ``x`` along ``dim`` in mesh order: concatenated (``tiled``) or stacked at ``dim``."""
-    call = _resolve("all_gather", x, axis, mesh, tiled)
+               to: str = "varying", mesh: RealizedMesh | None = None) -> torch.Tensor:
+    """Every member's ``x`` along ``dim`` in mesh order: concatenated (``tiled``) or stacked at ``dim``.
+
+    ``to="varying"`` (the default): backward is ``psum_scatter`` (each member's cotangent may
+    differ). ``to="invariant"`` (JAX's spelling ``"invarying"`` too): the result is the same on
+    every member, so is its cotangent, and backward keeps this member's slice (no communication).
+    """
+    if has_torch_function((x,)):  # a shard_map region (or a tensor subclass) types this call as one op
+        return handle_torch_function(all_gather, (x,), x, axis, dim=dim, tiled=tiled, to=to, mesh=mesh)
+    call = resolve_call("all_gather", x, axis, mesh, tiled)
+    invariant = as_gather_target(call.api, to) == "invariant"
     x, groups = call.x, call.groups()
     if not call.tiled:
         x = x.unsqueeze(as_dim(call.api, x.ndim + 1, dim))
     d = as_dim(call.api, x.ndim, dim)
-    check = _check(call, f", dim={d}, tiled={call.tiled}")
+    check = _check(call, f", dim={d}, tiled={call.tiled}" + (", to='invariant'" if invariant else ""))
     for group, n, axes in reversed(groups):  # innermost axis first: the outermost ends up major
-        x = _Comm.apply(x, partial(_gather, group=group, n=n, dim=d), partial(_scatter, group=group, n=n, dim=d),
-                        check, axes, {"group": group})
+        back = partial(_slice_of, group=group, n=n, dim=d) if invariant else partial(_scatter, group=group, n=n, dim=d)
+        x = _Comm.apply(x, partial(_gather, group=group, n=n, dim=d), back, check, axes, {"group": group})
     return x
 
 
 def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tiled: bool = True,
                  mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Sum over ``axis`` and keep this member's block of ``dim`` (mesh order); untiled drops ``dim``."""
-    call = _resolve("psum_scatter", x, axis, mesh, tiled)
+    if has_torch_function((x,)):  # a shard_map region (or a tensor subclass) types this call as one op
+        return handle_torch_function(psum_scatter, (x,), x, axis, dim=dim, tiled=tiled, mesh=mesh)
+    call = resolve_call("psum_scatter", x, axis, mesh, tiled)
     x, groups = call.x, call.groups()
     d = as_dim(call.api, x.ndim, dim)
     n = math.prod(size for _, size, _ in groups)
@@ -311,12 +335,11 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
     """Split ``split_dim`` into one block per member, send block ``i`` to member ``i``, and
     concatenate what arrives along ``concat_dim`` (mesh order). Untiled: ``split_dim`` must have
     size ``n`` and is removed; a new ``concat_dim`` of size ``n`` stacks the arrivals."""
-    call = _resolve("all_to_all", x, axis, mesh, tiled)
+    if has_torch_function((x,)):  # a shard_map region (or a tensor subclass) types this call as one op
+        return handle_torch_function(all_to_all, (x,), x, axis, split_dim, concat_dim, tiled=tiled, mesh=mesh)
+    call = resolve_call("all_to_all", x, axis, mesh, tiled)
     x, groups = call.x, call.groups()
-    if len(groups) > 1:
-        raise MeshError(requires(call.api, "one axis, or a tuple whose product group was realized", "axis",
-                                 call.names) + f"; pass products=[{call.names!r}] to realize", mesh=call.rm.mesh)
-    (group, n, step), = groups
+    n = call.size()
     s, c = as_dim(call.api, x.ndim, split_dim, "split_dim"), as_dim(call.api, x.ndim, concat_dim, "concat_dim")
     if not call.tiled:
         if x.shape[s] != n:
@@ -327,16 +350,57 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
         return all_to_all(x.unsqueeze(q), call.names, s_y, q, mesh=call.rm).squeeze(s_y)
     if x.shape[s] % n:
         raise call.fail(f"split_dim divisible by {n}", f"x.shape[{s}]", x.shape[s])
+    if len(groups) > 1:
+        return _all_to_all_composed(call, [size for _, size, _ in groups], s, c)
+    (group, _, step), = groups
     check = _check(call, f", split_dim={s}, concat_dim={c}")
     return _Comm.apply(x, partial(_exchange, group=group, n=n, split_dim=s, concat_dim=c),
                        partial(_exchange, group=group, n=n, split_dim=c, concat_dim=s), check, step, {"group": group})
+
+
+def _all_to_all_composed(call: Call, sizes: list[int], s: int, c: int) -> torch.Tensor:
+    """A tuple all-to-all without its product group: one untiled exchange per axis, first axis major.
+
+    ``split_dim`` becomes one dim per axis (destination coordinates, outermost first); the
+    exchange over axis ``i`` turns dim ``i`` from "to whom" into "from whom", so after the last
+    one the blocks stand in sender order, major first, as the product group would deliver them.
+    Autograd composes: each step is an all-to-all with its own inverse.
+    """
+    x = call.x
+    front = x.movedim(s, 0)
+    y = front.reshape(*sizes, front.shape[0] // math.prod(sizes), *front.shape[1:])
+    for i, name in enumerate(call.names):
+        y = all_to_all(y, name, i, i, tiled=False, mesh=call.rm)
+    blocks = y.flatten(0, len(sizes) - 1).movedim(1, s + 1)  # (n, *x's dims with split_dim cut to one block)
+    return blocks.movedim(0, c).flatten(c, c + 1)
+
+
+def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
+          mesh: RealizedMesh | None = None) -> torch.Tensor:
+    """JAX's ``pcast``: ``to="varying"`` is :func:`pvary` (the only target supported)."""
+    if has_torch_function((x,)):
+        return handle_torch_function(pcast, (x,), x, axis, to=to, mesh=mesh)
+    if to != "varying":
+        raise MeshError(requires("pcast", "a supported target", "to", to, "'varying'"))
+    return pvary(x, axis, mesh=mesh)
+
+
+def as_gather_target(api: str, to: object) -> str:
+    """``all_gather``'s ``to=``: "varying" or "invariant" (JAX's "invarying" accepted)."""
+    if to in ("invariant", "invarying"):
+        return "invariant"
+    if to != "varying":
+        raise MeshError(requires(api, "a gather target", "to", to, "'varying', 'invariant' (or 'invarying')"))
+    return "varying"
 
 
 def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int]], *,
              mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Send ``x`` from axis index ``s`` to ``d`` for each ``(s, d)`` in ``perm``; ranks that
     receive nothing get zeros. Backward sends gradients along the inverse permutation."""
-    call = _resolve("ppermute", x, axis, mesh)
+    if has_torch_function((x,)):  # a shard_map region (or a tensor subclass) types this call as one op
+        return handle_torch_function(ppermute, (x,), x, axis, perm, mesh=mesh)
+    call = resolve_call("ppermute", x, axis, mesh)
     call.member()
     pairs = _permutation(call, perm)
     members = call.rm.mesh[call.names].group_of(call.rm.rank).reshape(-1).tolist()
@@ -347,7 +411,7 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
                        {"members": members})
 
 
-def _permutation(call: _Call, perm: object) -> list[tuple[int, int]]:
+def _permutation(call: Call, perm: object) -> list[tuple[int, int]]:
     """``perm`` as (source, destination) pairs of axis indices, each end used at most once."""
     n = call.size()
     if isinstance(perm, (str, bytes)) or not isinstance(perm, Iterable):
@@ -366,7 +430,7 @@ def _permutation(call: _Call, perm: object) -> list[tuple[int, int]]:
     return pairs
 
 
-def _axis_index(call: _Call) -> int:
+def _axis_index(call: Call) -> int:
     call.member()
     index = 0
     for name in call.names:
@@ -375,10 +439,17 @@ def _axis_index(call: _Call) -> int:
 
 
 def axis_index(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> int:
-    """This rank's index along ``axis`` (a tuple: row-major, first axis major). No communication."""
-    return _axis_index(_resolve("axis_index", _NO_TENSOR, axis, mesh))
+    """This rank's index along ``axis`` (a tuple: row-major, first axis major). No communication.
+
+    Inside a ``shard_map`` region it is a 0-d int32 tensor that varies over ``axis`` (as in JAX).
+    """
+    if _torch.torch_function_mode_active():
+        return handle_torch_function(axis_index, (), axis, mesh=mesh)
+    return _axis_index(resolve_call("axis_index", NO_TENSOR, axis, mesh))
 
 
 def axis_size(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> int:
     """The size of ``axis`` (a tuple: the product). No communication."""
-    return _resolve("axis_size", _NO_TENSOR, axis, mesh).size()
+    if _torch.torch_function_mode_active():
+        return handle_torch_function(axis_size, (), axis, mesh=mesh)
+    return resolve_call("axis_size", NO_TENSOR, axis, mesh).size()

@@ -18,7 +18,7 @@ from ._layout import Layout
 from ._mesh import Mesh
 from ._sharding import NamedSharding, spec_from_plan
 
-__all__ = ["distribute", "from_device_mesh", "sharding_of"]
+__all__ = ["distribute", "from_device_mesh", "reshard", "sharding_of"]
 
 
 def from_device_mesh(dm: Any) -> Mesh:
@@ -63,3 +63,23 @@ def sharding_of(dtensor: DTensor) -> NamedSharding:
     mesh = from_device_mesh(dtensor.device_mesh)
     plan = _torch.from_placements("sharding_of", dtensor.placements, mesh)
     return NamedSharding(mesh, spec_from_plan("sharding_of", mesh, plan))
+
+
+def reshard(dtensor: DTensor, sharding: NamedSharding) -> DTensor:
+    """``dtensor`` with the layout of ``sharding``: explicit communication through DTensor's ``redistribute``.
+
+    ``sharding.mesh`` must be the mesh ``dtensor`` lives on (this rank's submesh of it, for a family
+    mesh). The global value is unchanged; a ``Partial`` source is reduced on the way.
+    """
+    if not isinstance(dtensor, DTensor):
+        raise TypeError(requires("reshard", "a DTensor", "dtensor", dtensor))
+    if not isinstance(sharding, NamedSharding):
+        raise TypeError(requires("reshard", "a NamedSharding", "sharding", sharding))
+    dm, mesh = dtensor.device_mesh, sharding.mesh
+    rank = _torch.global_rank()
+    names = tuple(dm.mesh_dim_names or ())
+    submesh = mesh.group_of(rank)
+    if names != mesh.axis_names or submesh is None or dm.mesh.tolist() != submesh.tolist():
+        raise MeshError(requires("reshard", "a sharding on the mesh the DTensor lives on", "sharding.mesh", mesh,
+                                 f"the DTensor's mesh {from_device_mesh(dm)!r}"), mesh=mesh)
+    return dtensor.redistribute(dm, sharding.placements)

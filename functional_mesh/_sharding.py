@@ -57,7 +57,11 @@ def _entry(value: object) -> Entry:
 
 
 class PartitionSpec(Frozen):
-    """Per tensor dim: ``None``, an axis name, or a tuple of axis names. Trailing ``None``s dropped.
+    """Per tensor dim: ``None``, an axis name, or a tuple of axis names.
+
+    Trailing ``None``s do not change the meaning (``P("dp", None) == P("dp")``, equal hashes), but
+    they count in ``len(spec)``, the rank a value needs (JAX: "only valid for values of rank at
+    least N"): ``P(None)`` does not fit a 0-d tensor. ``entries`` is the normal form, without them.
 
     A plain ``__slots__`` value (see :class:`~functional_mesh._validate.Frozen`): its constructor
     takes the entries positionally, as JAX's does, which an attrs field cannot express.
@@ -67,16 +71,21 @@ class PartitionSpec(Frozen):
         True
         >>> P(("dp", "cp"), "tp")
         P(('dp', 'cp'), 'tp')
+        >>> len(P("dp", None)), P("dp", None)
+        (2, P('dp', None))
     """
 
-    __slots__ = ("entries",)
-    entries: tuple[Entry, ...]
+    __slots__ = ("entries", "_given")
+    entries: tuple[Entry, ...]  # the normal form: trailing Nones dropped
+    _given: tuple[Entry, ...]  # as written (normalised entries, trailing Nones kept)
 
     def __init__(self, *entries: object) -> None:
-        normal = [_entry(e) for e in entries]
+        given = tuple(_entry(e) for e in entries)
+        normal = list(given)
         while normal and normal[-1] is None:
             normal.pop()
         object.__setattr__(self, "entries", tuple(normal))
+        object.__setattr__(self, "_given", given)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PartitionSpec):
@@ -87,16 +96,16 @@ class PartitionSpec(Frozen):
         return hash(self.entries)
 
     def __reduce__(self):
-        return (PartitionSpec, self.entries)
+        return (PartitionSpec, self._given)
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self._given)
 
     def __iter__(self):
-        return iter(self.entries)
+        return iter(self._given)
 
     def __getitem__(self, i: int) -> Entry:
-        return self.entries[i]
+        return self._given[i]
 
     def axes_of(self, dim: int) -> tuple[str, ...]:
         """The axes splitting ``dim``, major first (empty when replicated or past the end)."""
@@ -106,7 +115,7 @@ class PartitionSpec(Frozen):
         return () if e is None else (e,) if isinstance(e, str) else e
 
     def __repr__(self) -> str:
-        return f"P({', '.join(map(repr, self.entries))})"
+        return f"P({', '.join(map(repr, self._given))})"
 
 
 P = PartitionSpec

@@ -9,7 +9,9 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
 - ``DeviceMesh._layout`` (per-dim ``shape``/``stride``) and ``DeviceMesh._rank_map``, the CuTe
   layout of a torch mesh (torch >= 2.10);
 - ``DeviceMesh.from_group(groups, device_type, mesh=, mesh_dim_names=)`` (public, but its
-  multi-group form is what FSDP2 + TP rely on).
+  multi-group form is what FSDP2 + TP rely on);
+- ``torch._C._is_torch_function_mode_enabled()``, to let a ``shard_map`` region see the
+  collectives that have no tensor operand (``axis_index``, ``axis_size``).
 
 Creates no process group. Pure floors reach this module only lazily (``NamedSharding.placements``)
 so that planning a mesh needs no torch.
@@ -29,8 +31,8 @@ from torch.distributed.tensor.placement_types import _StridedShard
 
 from ._errors import MeshError, requires
 
-__all__ = ["PlacementPlan", "device_mesh_from_groups", "from_placements", "group_members", "mesh_parts",
-           "to_placements"]
+__all__ = ["PlacementPlan", "device_mesh_from_groups", "from_placements", "global_rank", "group_members",
+           "mesh_parts", "to_placements", "torch_function_mode_active"]
 
 # Per mesh axis: None (replicated) or (tensor dim, split factor): a factor of None is Shard(dim),
 # an int is _StridedShard(dim, split_factor=factor). Built by functional_mesh._sharding.placement_plan.
@@ -58,6 +60,16 @@ def from_placements(api: str, placements: Sequence[Any], mesh: Any = None) -> Pl
                                      "redistribute it to Replicate first)", "placement", placement,
                                      "Shard, _StridedShard, Replicate"), mesh=mesh)
     return tuple(plan)
+
+
+def torch_function_mode_active() -> bool:
+    """Whether a ``TorchFunctionMode`` is active (a ``shard_map`` region): private ``torch._C`` API."""
+    return torch._C._is_torch_function_mode_enabled()
+
+
+def global_rank() -> int:
+    """This process's rank in the default group."""
+    return dist.get_rank()
 
 
 def group_members(pg: Any) -> list[int]:

@@ -30,6 +30,9 @@ FLOORS: list[set[str]] = [
     {"_realize"},
     {"_collectives"},
     {"_interop"},
+    {"_vma"},
+    {"_op_rules"},
+    {"_shard_map"},
     {"__init__", "__main__"},
 ]
 

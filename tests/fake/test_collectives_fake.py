@@ -55,8 +55,10 @@ def test_shape_and_permutation_errors(rm):
         fm.psum_scatter(torch.ones(6), ("dp", "tp"), mesh=rm)
     with pytest.raises(fm.MeshError, match=r"dim 0 of size 2 \(tiled=False\), but got x.shape\[0\]=4"):
         fm.psum_scatter(torch.ones(4), "tp", tiled=False, mesh=rm)
-    with pytest.raises(fm.MeshError, match=r"pass products=\[\('dp', 'tp'\)\] to realize"):
-        fm.all_to_all(torch.ones(4), ("dp", "tp"), 0, 0, mesh=rm)
+    # a tuple without its product group composes per axis (values: tests/dist/test_collectives_gloo.py)
+    assert fm.all_to_all(torch.ones(4, 2), ("dp", "tp"), 0, 1, mesh=rm).shape == (1, 8)
+    with pytest.raises(fm.MeshError, match=r"split_dim divisible by 4, but got x.shape\[0\]=6"):
+        fm.all_to_all(torch.ones(6), ("dp", "tp"), 0, 0, mesh=rm)
     with pytest.raises(fm.MeshError, match=r"a dim of the 1-d tensor, but got dim=3"):
         fm.all_gather(torch.ones(4), "tp", dim=3, mesh=rm)
     with pytest.raises(fm.MeshError, match=r"axis indices in 0\.\.1, but got pair=\(0, 2\)"):

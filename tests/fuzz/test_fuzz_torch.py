@@ -346,8 +346,6 @@ def collective_case(draw, fn: str):
             kinds.append("tiled-type")
     if fn == "psum_scatter" and n >= 2:
         kinds.append("indivisible")
-    if fn == "all_to_all" and len(names) >= 2:
-        kinds.append("a2a-tuple")
     if fn == "ppermute":
         kinds += ["perm-range", "perm-twice", "perm-pair", "perm-index-type"]
         if not is_open("ppermute-perm-not-iterable"):
@@ -393,11 +391,6 @@ def collective_case(draw, fn: str):
         bad_shape[d] = n * draw(st.integers(0, 2)) + draw(st.integers(1, n - 1)) if tiled else n + draw(
             st.integers(1, 3))
         return bad(f"psum_scatter of dim {bad_shape[d]} over {n}", call(x=torch.zeros(bad_shape)), bad_shape[d])
-    if kind == "a2a-tuple":
-        t = tuple(draw(st.permutations(names))[:2])
-        if t == product:
-            t = t[::-1]
-        return bad(f"all_to_all over {t} without its product group", call(axis=t), t)
     if kind == "perm-range":
         bad_pair = pick(draw, [(0, n), (n, 0), (-1, 0), (0, -1), (n + 3, 1)])
         return bad(f"ppermute pair {bad_pair}", call(args=([bad_pair],)), bad_pair)

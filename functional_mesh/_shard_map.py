@@ -1,0 +1,439 @@
+"""``shard_map``: a function written for one shard, mapped over a realized mesh, typed by axis name.
+
+Three parts, kept apart (DESIGN.md §10.1): the *rules* are pure functions of types (``_vma``),
+the *table* says which torch functions are exceptions to the default rule (``_op_rules``), and
+the *interpreter* here is a ``TorchFunctionMode`` that asks the table, inserts the implicit casts
+(``pvary``: identity forward, ``psum`` backward) before an op runs, runs it, and records the
+result's type. It never names a particular op.
+
+The region's boundary:
+
+- in: a DTensor whose sharding is the spec gives its local tensor; a plain tensor is the full
+  value, sliced here without communication (its gradient is gathered back to the full shape);
+- out: every result must be invariant over the axes its out_spec does not name (else one
+  ``VmaError`` listing every failing result); a result invariant over a named axis is cast to
+  vary (backward ``psum``); each becomes a DTensor on ``rm.device_mesh``.
+
+Types live in a region-owned weak map, so none leaks onto the returned tensors.
+``check_vma=False`` tracks nothing and uses JAX's untyped gradient convention instead.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.distributed.tensor import DTensor
+from torch.overrides import TorchFunctionMode
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from . import _collectives as C
+from . import _vma
+from ._errors import MeshError, requires
+from ._handle import RealizedMesh, resolve_mesh
+from ._interop import sharding_of
+from ._op_rules import COLLECTIVES, PASS_THROUGH, CollectiveSpec, is_random, is_untypeable, written_operand
+from ._sharding import NamedSharding, PartitionSpec
+
+__all__ = ["shard_map", "typeof"]
+
+_NOTHING: frozenset[str] = frozenset()
+_REGION: contextvars.ContextVar[_Region | None] = contextvars.ContextVar("functional_mesh_region", default=None)
+
+
+class _Region:
+    """One call of a mapped function: its realized mesh, whether it is typed, and the types."""
+
+    __slots__ = ("rm", "check_vma", "axes", "types", "random")
+
+    def __init__(self, rm: RealizedMesh, check_vma: bool) -> None:
+        self.rm = rm
+        self.check_vma = check_vma
+        self.axes = frozenset(rm.mesh.axis_names)
+        self.types: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        self.random = False  # whether a random op ran (the out_specs error then says why values vary)
+
+    def type_of(self, t: torch.Tensor) -> frozenset[str]:
+        """The axes ``t`` varies over; a tensor the region never saw (created outside) is invariant."""
+        return self.types.get(t, _NOTHING)
+
+    def record(self, out: Any, axes: frozenset[str]) -> None:
+        if isinstance(out, torch.Tensor):
+            if axes:
+                self.types[out] = axes
+            return
+        if isinstance(out, (tuple, list)):
+            for o in out:
+                self.record(o, axes)
+
+    def cast(self, x: torch.Tensor, axes: frozenset[str]) -> torch.Tensor:
+        """The implicit ``pvary``: identity forward, ``psum`` over ``axes`` backward."""
+        y = C.pvary(x, tuple(sorted(axes)), mesh=self.rm)
+        self.types[y] = self.type_of(x) | axes
+        return y
+
+    # -- collectives --------------------------------------------------------------------------------
+
+    def collective(self, func: Any, spec: CollectiveSpec, args: tuple, kwargs: dict) -> Any:
+        api = func.__name__
+        arguments = _bind(func, args, kwargs)
+        mesh = arguments.get("mesh")
+        if mesh is not None and resolve_mesh(api, mesh).mesh != self.rm.mesh:
+            raise MeshError(requires(api, "inside shard_map, the region's mesh (or mesh=None)", "mesh", mesh,
+                                     self.rm), mesh=self.rm.mesh)
+        arguments["mesh"] = self.rm
+        if not spec.has_operand:
+            value = func(**arguments)
+            if func is C.axis_index:
+                names = C.resolve_call(api, C.NO_TENSOR, arguments["axis"], self.rm).names
+                index = torch.tensor(value, dtype=torch.int32)
+                if self.check_vma:
+                    self.types[index] = frozenset(names)
+                return index
+            return value
+        x = arguments["x"]
+        call = C.resolve_call(api, x, arguments["axis"], self.rm, arguments.get("tiled", True))
+        if not self.check_vma:
+            return _untyped(func, arguments, call, self.rm)
+        extra = {"to": arguments["to"]} if "to" in arguments and func is C.all_gather else {}
+        rule = spec.rule(api, self.type_of(x), frozenset(call.names), **extra)
+        if rule.casts[0]:
+            arguments["x"] = self.cast(x, rule.casts[0])
+        out = func(**arguments)
+        self.record(out, rule.result)
+        return out
+
+
+def _bind(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    return dict(_signature(func).bind(*args, **kwargs).arguments)
+
+
+@functools.cache
+def _signature(func: Any) -> inspect.Signature:
+    return inspect.signature(func)
+
+
+def _untyped(func: Any, arguments: dict[str, Any], call: C.Call, rm: RealizedMesh) -> Any:
+    """A collective in an untyped region: JAX's convention, where ``psum`` transposes to ``psum``."""
+    if func in (C.pvary, C.pcast):
+        if func is C.pcast:
+            C.pcast(arguments["x"], call.names, to=arguments.get("to", "varying"), mesh=rm)  # validates `to`
+        return arguments["x"]
+    if func in (C.psum, C.pmean):
+        y = _SumBack.apply(arguments["x"], call.names, rm)  # backward: psum
+        y = C.psum(y, call.names, mesh=rm)
+        return y / call.size() if func is C.pmean else y
+    return func(**arguments)
+
+
+class _SumBack(torch.autograd.Function):
+    """Identity forward; ``psum`` over ``axes`` backward (JAX's untyped convention)."""
+
+    @staticmethod
+    def forward(ctx, x, axes, rm):
+        ctx.axes, ctx.rm = axes, rm
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (C.psum(grad, ctx.axes, mesh=ctx.rm) if ctx.axes else grad), None, None
+
+
+class _Scale(torch.autograd.Function):
+    """Identity forward; the cotangent times ``factor`` backward."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+
+class _Enter(torch.autograd.Function):
+    """A full tensor's local block (no communication); backward gathers the full gradient.
+
+    ``sums``: axes to ``psum`` the cotangent over first (the untyped convention; empty when typed,
+    where the type rules make the cotangent invariant over the unnamed axes already). ``gathers``:
+    per sharded dim, its axes (major first).
+    """
+
+    @staticmethod
+    def forward(ctx, full, index, rm, gathers, sums):
+        ctx.rm, ctx.gathers, ctx.sums = rm, gathers, sums
+        return full[index].clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.sums:
+            grad = C.psum(grad, ctx.sums, mesh=ctx.rm)
+        for dim, axes in ctx.gathers:
+            grad = C.all_gather(grad, axes, dim=dim, mesh=ctx.rm)
+        return grad, None, None, None, None
+
+
+# -- the interpreter ---------------------------------------------------------------------------------
+
+
+class _TypedMode(TorchFunctionMode):
+    """Types every torch op of the region: the table's exception or the default rule, casts first."""
+
+    def __init__(self, region: _Region) -> None:
+        super().__init__()
+        self.region = region
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in PASS_THROUGH:
+            return func(*args, **kwargs)
+        region = self.region
+        spec = COLLECTIVES.get(func)
+        if spec is not None:
+            return region.collective(func, spec, args, kwargs)
+        flat, tree = pytree.tree_flatten((args, kwargs))
+        positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
+        operands = [region.type_of(flat[i]) for i in positions]
+        if is_untypeable(func):
+            raise _vma.op_error(_name(func), [(tuple(flat[i].shape), t) for i, t in zip(positions, operands,
+                                                                                    strict=True)],
+                                "a custom op's result need not follow its inputs' types; run this region "
+                                "with check_vma=False")
+        if is_random(func, args, kwargs):
+            region.random = True
+            rule = _vma.random_rule(operands, region.axes)
+        else:
+            rule = _vma.default_rule(operands)
+        written = written_operand(func, args, kwargs)
+        if written is not None:
+            _vma.check_write(_name(func), region.type_of(written), rule.result,
+                             [tuple(flat[i].shape) for i in positions])
+        if any(rule.casts):
+            for i, cast in zip(positions, rule.casts, strict=True):
+                if cast and flat[i] is not written:
+                    flat[i] = region.cast(flat[i], cast)
+            args, kwargs = pytree.tree_unflatten(flat, tree)
+        out = func(*args, **kwargs)
+        region.record(out, rule.result if written is None else region.type_of(written))
+        return out
+
+
+class _UntypedMode(TorchFunctionMode):
+    """An untyped region sees only the collectives (their untyped gradients); every other op runs as is."""
+
+    def __init__(self, region: _Region) -> None:
+        super().__init__()
+        self.region = region
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        spec = COLLECTIVES.get(func)
+        if spec is not None:
+            return self.region.collective(func, spec, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def _name(func: Any) -> str:
+    qualified = getattr(func, "_qualified_op_name", None)  # torch.ops.<namespace>.<op>: "namespace::op"
+    if qualified is None and isinstance(func, torch._ops.OpOverload):
+        qualified = func.name()
+    if qualified is not None:
+        return qualified
+    name = getattr(func, "__name__", None) or str(func)
+    owner = getattr(func, "__objclass__", None)
+    return f"{owner.__name__}.{name}" if owner is not None and owner.__name__ == "TensorBase" else name
+
+
+# -- the public API -------------------------------------------------------------------------------------
+
+
+def typeof(t: torch.Tensor) -> _vma.AxisTypes:
+    """The axes a local tensor varies over, inside a ``shard_map`` region with ``check_vma=True``.
+
+    Examples (inside a region over a mesh ("x", "y"), ``x`` with in_spec ``P("x")``)::
+
+        fm.typeof(x)                  # AxisTypes(varying=frozenset({'x'}))
+        fm.typeof(fm.psum(x, "x"))    # AxisTypes(varying=frozenset())
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(requires("typeof", "a torch.Tensor", "t", t))
+    region = _REGION.get()
+    if region is None or not region.check_vma:
+        raise MeshError("`typeof` requires an enclosing shard_map region with check_vma=True, but got "
+                        + ("a region with check_vma=False" if region is not None else "none"))
+    return _vma.AxisTypes(region.type_of(t))
+
+
+def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_specs: Any,
+              mesh: RealizedMesh | None = None, check_vma: bool = True) -> Any:
+    """Map ``f``, written for one shard, over the realized mesh: JAX's ``shard_map`` on torch.
+
+    Args:
+        f: the per-shard function (or omit it to use ``shard_map(...)`` as a decorator).
+        in_specs: a ``PartitionSpec`` per argument, or any pytree prefix of the arguments.
+        out_specs: a ``PartitionSpec`` per result, or any pytree prefix of the results.
+        mesh: a ``RealizedMesh``; ``None`` = the current ``with rm:`` mesh, at call time.
+        check_vma: track which axes each tensor varies over, insert the implicit ``pvary``s and
+            check the results against out_specs (DESIGN.md §10); ``False`` trusts out_specs.
+
+    Returns:
+        The mapped function: DTensor or full-tensor arguments in, DTensors out.
+    """
+    if f is None:
+        return functools.partial(shard_map, in_specs=in_specs, out_specs=out_specs, mesh=mesh, check_vma=check_vma)
+    if not callable(f):
+        raise TypeError(requires("shard_map", "a callable f", "f", f))
+    if not isinstance(check_vma, bool):
+        raise TypeError(requires("shard_map", "check_vma=True or False", "check_vma", check_vma))
+    if mesh is not None and not isinstance(mesh, RealizedMesh):
+        resolve_mesh("shard_map", mesh)  # the error for a pure Mesh or another type
+    _check_specs("in_specs", in_specs)
+    _check_specs("out_specs", out_specs)
+
+    @functools.wraps(f)
+    def mapped(*args: Any) -> Any:
+        rm = resolve_mesh("shard_map", mesh)
+        if rm.coordinate is None:
+            raise MeshError(requires("shard_map", "a rank that belongs to the mesh", "rank", rm.rank,
+                                     f"devices {rm.mesh.device_list.describe()}"), mesh=rm.mesh)
+        if _REGION.get() is not None:
+            raise MeshError("`shard_map` requires no enclosing shard_map region (nested regions are not "
+                            "supported), but got one; call the inner function directly")
+        region = _Region(rm, check_vma)
+        local = _enter_all(region, args, in_specs)
+        token = _REGION.set(region)
+        try:
+            with (_TypedMode if check_vma else _UntypedMode)(region):
+                out = f(*local)
+        finally:
+            _REGION.reset(token)
+        return _exit_all(region, out, out_specs)
+
+    return mapped
+
+
+# -- the boundary -----------------------------------------------------------------------------------------
+
+
+def _check_specs(what: str, specs: Any) -> None:
+    leaves = pytree.tree_leaves(specs, is_leaf=lambda s: isinstance(s, PartitionSpec))
+    for leaf in leaves:
+        if not isinstance(leaf, PartitionSpec):
+            raise TypeError(requires("shard_map", f"PartitionSpec leaves in {what}", what, specs))
+
+
+def _prefix(what: str, specs: Any, values: Any) -> list[tuple[str, Any, PartitionSpec]]:
+    """``(path, leaf, spec)`` for every leaf of ``values``, its spec taken from the prefix ``specs``."""
+    pairs, tree = pytree.tree_flatten_with_path(values)
+    if isinstance(specs, list) and isinstance(values, tuple):
+        specs = tuple(specs)
+    flat_specs = pytree._broadcast_to_and_flatten(specs, tree, is_leaf=lambda s: isinstance(s, PartitionSpec))
+    if flat_specs is None:
+        raise MeshError(requires("shard_map", f"{what} that is a pytree prefix of the "
+                                 f"{'arguments' if what == 'in_specs' else 'results'}", what, specs)
+                        + f"; the {'arguments' if what == 'in_specs' else 'results'} have structure {tree}")
+    return [(what + pytree.keystr(path), leaf, spec) for (path, leaf), spec in zip(pairs, flat_specs, strict=True)]
+
+
+def _spec_axes(spec: PartitionSpec) -> frozenset[str]:
+    return frozenset(a for d in range(len(spec)) for a in spec.axes_of(d))
+
+
+def _check_shape(rm: RealizedMesh, path: str, shape: Sequence[int], spec: PartitionSpec) -> None:
+    """JAX's rule: the spec fits the rank, and every sharded dim divides evenly over its axes."""
+    if len(spec) > len(shape):
+        raise MeshError(requires("shard_map", f"a value of rank at least {len(spec)} for {path}={spec}", "shape",
+                                 tuple(shape)), mesh=rm.mesh)
+    for d, n in enumerate(shape):
+        axes = spec.axes_of(d)
+        k = math.prod(rm.axis_size(a) for a in axes)
+        if n % k:
+            raise MeshError(
+                f"`shard_map` requires every sharded dim to divide evenly over its mesh axes, but {path}={spec} "
+                f"maps dim {d} of size {n} (shape {tuple(shape)}) to axes {axes} of total size {k}; "
+                f"pad the value to a multiple of {k}, or shard it over other axes", mesh=rm.mesh)
+
+
+def _enter_all(region: _Region, args: tuple, in_specs: Any) -> list[Any]:
+    rm = region.rm
+    entries = _prefix("in_specs", in_specs, args)
+    leaves = []
+    for path, leaf, spec in entries:
+        if isinstance(leaf, torch.Tensor):
+            sharding = NamedSharding(rm.mesh, spec)
+            _check_shape(rm, path, leaf.shape, spec)
+            leaf = _enter(region, path, leaf, sharding)
+            if region.check_vma:
+                region.record(leaf, _spec_axes(spec))
+        leaves.append(leaf)
+    _, tree = pytree.tree_flatten(args)
+    return list(pytree.tree_unflatten(leaves, tree))
+
+
+def _enter(region: _Region, path: str, value: torch.Tensor, sharding: NamedSharding) -> torch.Tensor:
+    rm = region.rm
+    unnamed = () if region.check_vma else tuple(a for a in rm.mesh.axis_names if a not in _spec_axes(sharding.spec))
+    if isinstance(value, DTensor):
+        if value.device_mesh != rm.device_mesh or tuple(value.placements) != sharding.placements:
+            raise MeshError(
+                f"`shard_map` requires each DTensor argument to be sharded as its in_spec says, but {path} is "
+                f"{_describe(value)} and its spec asks for {sharding}; call fm.reshard(x, {sharding!r}) first "
+                f"(communication is always explicit)", mesh=rm.mesh)
+        local = value.to_local()
+        return _SumBack.apply(local, unnamed, rm) if unnamed else local
+    index = sharding.local_slices(tuple(value.shape), rm.rank)
+    gathers = tuple((d, sharding.spec.axes_of(d)) for d in range(len(sharding.spec)) if sharding.spec.axes_of(d))
+    return _Enter.apply(value, index, rm, gathers, unnamed)
+
+
+def _describe(value: DTensor) -> str:
+    try:
+        return repr(sharding_of(value))
+    except MeshError:
+        return f"a DTensor with placements {tuple(value.placements)}"
+
+
+def _exit_all(region: _Region, out: Any, out_specs: Any) -> Any:
+    rm = region.rm
+    entries = _prefix("out_specs", out_specs, out)
+    failures = []
+    for path, leaf, spec in entries:
+        if isinstance(leaf, torch.Tensor) and region.check_vma:
+            varying, named = region.type_of(leaf), _spec_axes(spec)
+            if varying - named:
+                failures.append((path, varying, named, spec))
+    if failures:
+        raise _vma.out_specs_error(failures, rm.mesh.axis_names, region.random)
+    leaves = []
+    for path, leaf, spec in entries:
+        if isinstance(leaf, torch.Tensor):
+            _check_shape(rm, path, (0,) * leaf.ndim, spec)  # the rank rule only: local shapes always divide
+            leaf = _exit(region, leaf, spec)
+        leaves.append(leaf)
+    _, tree = pytree.tree_flatten(out)
+    return pytree.tree_unflatten(leaves, tree)
+
+
+def _exit(region: _Region, local: torch.Tensor, spec: PartitionSpec) -> DTensor:
+    rm = region.rm
+    named = _spec_axes(spec)
+    if region.check_vma:
+        missing = named - region.type_of(local)
+        if missing:  # invariant over a named axis: copies are concatenated, so the cotangent sums
+            local = C.pvary(local, tuple(sorted(missing)), mesh=rm)
+    else:
+        unnamed = [a for a in rm.mesh.axis_names if a not in named]
+        if unnamed:
+            local = _Scale.apply(local, 1.0 / math.prod(rm.axis_size(a) for a in unnamed))
+    sharding = NamedSharding(rm.mesh, spec)
+    shape = [n * math.prod(rm.axis_size(a) for a in spec.axes_of(d)) for d, n in enumerate(local.shape)]
+    stride = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    return DTensor.from_local(local, rm.device_mesh, sharding.placements, run_check=False,
+                              shape=torch.Size(shape), stride=tuple(stride))
