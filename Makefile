@@ -37,10 +37,14 @@ NPROC ?= 8
 demo: $(STAMP)
 	$(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) examples/train_3d.py
 
+# Records (JSON lines) go to benchmarks/results/; _report.py renders them into docs/benchmarks.md.
+# `make bench BEFORE=<root>` also times the pure operations with the package under <root>.
 bench: $(STAMP)
-	$(PY) benchmarks/bench_transforms.py
-	$(PY) benchmarks/bench_realize.py
-	$(PY) benchmarks/bench_collectives.py
+	$(PY) benchmarks/bench_transforms.py $(if $(BEFORE),--before $(BEFORE)) --out benchmarks/results/transforms.jsonl
+	$(PY) benchmarks/bench_realize.py --out benchmarks/results/realize.jsonl
+	$(PY) benchmarks/bench_collectives.py --out benchmarks/results/collectives.jsonl
+	$(PY) benchmarks/_report.py benchmarks/results/transforms.jsonl benchmarks/results/realize.jsonl \
+		benchmarks/results/collectives.jsonl --docs docs/benchmarks.md
 
 # Optional: a static site of docs/ with mkdocs (the "docs" extra); every page is also doctested by make test.
 docs: $(STAMP)

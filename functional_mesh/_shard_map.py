@@ -248,7 +248,7 @@ def _name(func: Any) -> str:
         return qualified
     name = getattr(func, "__name__", None) or str(func)
     owner = getattr(func, "__objclass__", None)
-    return f"{owner.__name__}.{name}" if owner is not None and owner.__name__ == "TensorBase" else name
+    return f"Tensor.{name}" if owner is not None and owner.__name__ == "TensorBase" else name
 
 
 # -- the public API -------------------------------------------------------------------------------------

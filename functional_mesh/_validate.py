@@ -33,6 +33,8 @@ def as_int(api: str, name: str, value: object) -> int:
     Integer-like scalars (numpy integers, 0-d integer arrays or tensors) are accepted through
     ``operator.index``, which refuses floats instead of truncating them.
     """
+    if type(value) is int:  # the common case, without a call
+        return value
     if not isinstance(value, (bool, np.bool_)):
         try:
             return operator.index(value)  # type: ignore[arg-type]

@@ -32,6 +32,7 @@ CASES = [
     ("tp_mlp.py", [], ["loss and gradients match to 1e-05 on every rank"]),
     ("ddp_axis.py", [], ["ddp over dp matches the single-process run to 1e-05"]),
     ("pipeline_ring.py", [], ["pipeline ring matches the single-process composition to 1e-05"]),
+    ("shard_map_mlp.py", [], ["losses and final weights match a single process to 1e-05 on every rank"]),
 ]
 
 

@@ -1,0 +1,127 @@
+"""Process plumbing for the benchmarks: workers in fresh interpreters, gloo pools, group counting.
+
+A worker is a function of the benchmark script, called in a new interpreter as
+``python <script> --worker '<json spec>'``; it prints one JSON line, its result. Every side of a
+comparison runs in its own worker, so no import, cache or process group carries over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+
+def serve(workers: dict[str, Callable[..., Any]]) -> None:
+    """When this process is a worker: run ``workers[spec["fn"]](**spec)``, print the result, exit."""
+    if sys.argv[1:2] != ["--worker"]:
+        return
+    spec = json.loads(sys.argv[2])
+    print(json.dumps(workers[spec.pop("fn")](**spec)), flush=True)
+    os._exit(0)  # skip interpreter teardown: seconds with torch loaded, times W processes
+
+
+def _start(script: str, spec: dict[str, Any], env: dict[str, str] | None = None) -> subprocess.Popen:
+    full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
+    return subprocess.Popen([sys.executable, script, "--worker", json.dumps(spec)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=full_env)
+
+
+def _collect(procs: Sequence[subprocess.Popen], timeout_s: float) -> list[Any]:
+    """Each worker's last stdout line, parsed; kills the others (ours only) when one fails."""
+    try:
+        outs = []
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=timeout_s)
+            if p.returncode:
+                raise RuntimeError(f"worker {p.args[-1]} exited with {p.returncode}:\n{stderr[-3000:]}")
+            outs.append(json.loads(stdout.strip().splitlines()[-1]))
+        return outs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def run(script: str, spec: dict[str, Any], *, env: dict[str, str] | None = None, timeout_s: float = 900) -> Any:
+    """One worker in a fresh interpreter (``env`` added to this process's environment)."""
+    return _collect([_start(script, spec, env)], timeout_s)[0]
+
+
+def run_pool(script: str, spec: dict[str, Any], world: int, timeout_s: float = 600) -> list[Any]:
+    """``world`` workers on 127.0.0.1 sharing a free port; worker ``r`` gets ``rank=r, world, port``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return _collect([_start(script, {**spec, "rank": r, "world": world, "port": port}) for r in range(world)],
+                    timeout_s)
+
+
+def alternate(sides: Sequence[str], rounds: int) -> Iterator[str]:
+    """``sides`` in order, then reversed, then in order...: a slow phase of the machine hits all alike."""
+    for r in range(rounds):
+        yield from (sides if r % 2 == 0 else reversed(sides))
+
+
+def init_gloo(rank: int, world: int, port: int) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+
+
+def init_fake(world: int, rank: int = 0) -> None:
+    """Be ``rank`` of a ``world``-rank job under torch's single-process fake backend."""
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+
+
+class GroupCalls:
+    """Counts ``new_group`` / ``split_group`` calls wherever torch and realize look them up
+    (``distributed_c10d``, ``torch.distributed``, ``device_mesh``): the ranks each call asked
+    for, in order, and the groups returned (to destroy them). ``mark()`` closes a step."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+        from torch.distributed import device_mesh
+        from torch.distributed import distributed_c10d as c10d
+
+        self.reset()
+        for name in ("new_group", "split_group"):
+            real = getattr(c10d, name)
+            wrapped = self._wrap(real, name)
+            for module in (c10d, dist, device_mesh):
+                if getattr(module, name, None) is real:
+                    setattr(module, name, wrapped)
+
+    def _wrap(self, real: Callable[..., Any], name: str) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if name == "new_group":
+                self.requested.append(tuple(kwargs.get("ranks", args[0] if args else None) or ()))
+            else:  # split_group(parent_pg, split_ranks, ...)
+                split = kwargs.get("split_ranks", args[1] if len(args) > 1 else None) or ()
+                self.requested.append(tuple(map(tuple, split)))
+            group = real(*args, **kwargs)
+            self.groups.append(group)
+            return group
+        return counted
+
+    def reset(self) -> None:
+        self.requested: list[tuple] = []
+        self.groups: list[Any] = []
+        self.steps: list[int] = []
+
+    def mark(self) -> None:
+        self.steps.append(len(self.requested))
+
+    def per_step(self) -> list[int]:
+        return [b - a for a, b in zip([0, *self.steps], self.steps)]

@@ -1,0 +1,216 @@
+"""Typed benchmark records and the one writer that renders them as markdown tables.
+
+A benchmark measures and emits records: one :class:`Run` (the command and the machine), one
+:class:`Table` per table (its title, the header of its first column, which ratios of columns to
+show) and one :class:`Result` per figure. ``--out FILE`` writes them as JSON lines; this module
+renders them, nothing else does::
+
+    .venv/bin/python benchmarks/_report.py benchmarks/results/realize.jsonl                     # print
+    .venv/bin/python benchmarks/_report.py benchmarks/results/realize.jsonl --docs docs/benchmarks.md
+
+``--docs`` replaces the text between ``<!-- BEGIN <bench> ... -->`` and ``<!-- END <bench> -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of one benchmark: the exact command, when, where, and free-form notes."""
+
+    bench: str
+    command: str
+    date: str
+    machine: str
+    load: str = ""
+    wall_s: float = 0.0
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table of a run; each of ``ratios``, ``(numerator, denominator, header)``, adds a column."""
+
+    bench: str
+    key: str
+    title: str
+    row_header: str
+    ratios: tuple[tuple[str, str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Result:
+    """One figure: a cell of ``table`` in ``row`` and ``column``. ``value`` is the median of
+    ``samples`` when there are samples. ``unit``: ``ns``, ``B`` (bytes), ``n`` (a count), ``x``."""
+
+    bench: str
+    table: str
+    row: str
+    column: str
+    value: float
+    unit: str
+    samples: tuple[float, ...] = ()
+
+
+RECORDS = {cls.__name__: cls for cls in (Run, Table, Result)}
+
+
+def measured(bench: str, table: str, row: str, column: str, samples: Sequence[float], unit: str = "ns") -> Result:
+    """A :class:`Result` whose value is the median of ``samples``."""
+    return Result(bench, table, row, column, statistics.median(samples), unit, tuple(samples))
+
+
+def parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
+    """The options every benchmark has: ``--quick`` and ``--out``."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--out", type=Path, help="write the records here (JSON lines) for benchmarks/_report.py")
+    return p
+
+
+def start_run(bench: str) -> Run:
+    """A :class:`Run` for this process: its command line as typed, the machine, the load now."""
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "PYTHONPATH") if os.environ.get(k))
+    python = os.path.relpath(sys.executable, REPO) if sys.executable.startswith(str(REPO)) else "python"
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO)
+    cmd = " ".join(x for x in (env, python, shlex.join([script, *sys.argv[1:]])) if x)
+    machine = (f"{len(os.sched_getaffinity(0))} cores, {platform.system()} {platform.machine()}, "
+               f"CPython {platform.python_version()}, torch {importlib.metadata.version('torch')}")
+    return Run(bench, cmd, datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), machine,
+               load=f"{os.getloadavg()[0]:.2f}")
+
+
+def finish_run(run: Run, wall_s: float, notes: Sequence[str] = ()) -> Run:
+    return dataclasses.replace(run, load=f"{run.load} / {os.getloadavg()[0]:.2f}", wall_s=wall_s,
+                               notes=tuple(notes))
+
+
+def write(path: Path | None, records: Iterable[Run | Table | Result]) -> None:
+    """Print the rendered tables; with ``path``, also write the records there as JSON lines."""
+    records = list(records)
+    print(render(records))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [json.dumps({"type": type(r).__name__, **dataclasses.asdict(r)}) for r in records]
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _tuples(value: object) -> object:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def load(paths: Iterable[Path]) -> list[Run | Table | Result]:
+    """The records written by :func:`write`, in order."""
+    out = []
+    for path in paths:
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            fields = json.loads(line)
+            cls = RECORDS[fields.pop("type")]
+            out.append(cls(**{k: _tuples(v) for k, v in fields.items()}))
+    return out
+
+
+# -- formatting ---------------------------------------------------------------------------------
+
+
+def _three(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def fmt(value: float, unit: str) -> str:
+    if unit == "ns":
+        scale, name = next(((s, n) for s, n in ((1e9, "s"), (1e6, "ms"), (1e3, "µs"))
+                            if abs(value) >= s), (1, "ns"))
+        return f"{_three(value / scale)} {name}"
+    if unit == "B":
+        scale, name = next(((s, n) for s, n in ((1 << 20, "MB"), (1 << 10, "KB")) if value >= s), (1, "B"))
+        return f"{value / scale:.1f} {name}" if scale > 1 else f"{value:.0f} B"
+    if unit == "x":
+        return f"{value:,.0f}×" if value >= 100 else f"{value:.1f}×" if value >= 10 else f"{value:.3f}×"
+    return f"{value:,.0f}"
+
+
+def markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A table with padded cells (readable as plain text); the first column left-aligned."""
+    widths = [max(3, len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+
+    rule = "| " + " | ".join(":" + "-" * (w - 1) if i == 0 else "-" * (w - 1) + ":"
+                             for i, w in enumerate(widths)) + " |"
+    return "\n".join([line(headers), rule, *map(line, rows)])
+
+
+def render_table(table: Table, results: Sequence[Result]) -> str:
+    rows = list(dict.fromkeys(r.row for r in results))
+    columns = list(dict.fromkeys(r.column for r in results))
+    cell = {(r.row, r.column): r for r in results}
+    body = []
+    for row in rows:
+        cells = [row] + [fmt(cell[row, c].value, cell[row, c].unit) if (row, c) in cell else "" for c in columns]
+        for num, den, _ in table.ratios:
+            a, b = cell.get((row, num)), cell.get((row, den))
+            cells.append(fmt(a.value / b.value, "x") if a and b and b.value else "")
+        body.append(cells)
+    headers = [table.row_header, *columns, *(header for _, _, header in table.ratios)]
+    return f"### {table.title}\n\n{markdown(headers, body)}"
+
+
+def render(records: Sequence[Run | Table | Result]) -> str:
+    """Every run in ``records``: its header lines, then its tables in the order they were declared."""
+    parts = []
+    for run in (r for r in records if isinstance(r, Run)):
+        header = (f"Run of `{run.command}` ({run.date}; {run.wall_s:.0f} s): {run.machine}; "
+                  f"load average (1 min) at start / end {run.load}.")
+        parts.append("\n".join([header, *(f"- {note}" for note in run.notes)]))
+        for table in (r for r in records if isinstance(r, Table) and r.bench == run.bench):
+            results = [r for r in records if isinstance(r, Result) and (r.bench, r.table) == (run.bench, table.key)]
+            parts.append(render_table(table, results))
+    return "\n\n".join(parts)
+
+
+def replace_section(docs: Path, name: str, text: str) -> None:
+    """Put ``text`` between the ``BEGIN name`` / ``END name`` markers of ``docs`` (which must exist)."""
+    old = docs.read_text(encoding="utf-8")
+    pattern = re.compile(rf"(<!-- BEGIN {re.escape(name)}\b[^>]*-->\n).*?(\n<!-- END {re.escape(name)} -->)", re.DOTALL)
+    if not pattern.search(old):
+        raise SystemExit(f"{docs} has no <!-- BEGIN {name} --> ... <!-- END {name} --> markers")
+    docs.write_text(pattern.sub(lambda m: m[1] + text + m[2], old, count=1), encoding="utf-8")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="+", type=Path, help="JSON-lines files written by a benchmark's --out")
+    p.add_argument("--docs", type=Path, help="rewrite each benchmark's section of this markdown file")
+    args = p.parse_args(argv)
+    for path in args.files:  # one run per file; a later file of the same benchmark wins
+        records = load([path])
+        text = render(records)
+        if args.docs:
+            replace_section(args.docs, next(r.bench for r in records if isinstance(r, Run)), text)
+        else:
+            print(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""The claims behind the benchmark figures, asserted under torch's single-process fake backend.
+
+``benchmarks/bench_realize.py`` counts the process groups that a torchtitan-style sequence of
+meshes costs each side, and ``benchmarks/bench_transforms.py`` times pure operations against
+torch's ``DeviceMesh``; they only measure. What must hold for those figures to mean anything is
+checked here:
+
+- realizing the sequence makes exactly one group per distinct rank set the pure meshes name (no
+  repeats, none missing, ``cache_info().groups`` agrees), and torch's ``DeviceMesh`` doing the
+  same steps asks for the same rank sets, at least as many times;
+- every operation the transforms benchmark times on both sides gives the same groups,
+  coordinates and process-group members as torch's ``DeviceMesh``.
+
+Expected rank sets come from ``mesh[axis].groups()`` of the pure meshes or from torch itself.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.testing._internal.distributed.fake_pg  # registers the "fake" backend
+from torch.distributed import device_mesh
+from torch.distributed import distributed_c10d as c10d
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+import functional_mesh as fm
+
+TITAN = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+FLATTENS = (("dp", ("dp_replicate", "dp_shard")), ("dp_shard_cp", ("dp_shard", "cp")),
+            ("dp_cp", ("dp_replicate", "dp_shard", "cp")), ("batch", ("dp_replicate", "dp_shard")))
+
+
+@pytest.fixture
+def fake_world():
+    """``start(world, rank)``: be ``rank`` of a fresh fake world; nothing is left behind after the test."""
+    hook = sys.excepthook  # init_process_group wraps it on every call
+
+    def stop() -> None:
+        fm.clear_cache()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def start(world: int, rank: int = 0) -> None:
+        stop()
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+        sys.excepthook = hook
+
+    yield start
+    stop()
+    sys.excepthook = hook
+
+
+@pytest.fixture
+def requested(monkeypatch):
+    """The rank list of every ``new_group`` / ``split_group`` call, under any name it is looked up by."""
+    calls: list[tuple[int, ...]] = []
+    for name in ("new_group", "split_group"):
+        real = getattr(c10d, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            if _name == "new_group":
+                calls.append(tuple(kwargs.get("ranks", args[0] if args else None) or ()))
+            else:  # split_group(parent_pg, split_ranks, ...): one call, several groups
+                calls.append(tuple(map(tuple, kwargs.get("split_ranks", args[1] if len(args) > 1 else None))))
+            return _real(*args, **kwargs)
+
+        for module in (c10d, dist, device_mesh):
+            if getattr(module, name, None) is real:
+                monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def titan_sizes(world: int) -> dict[str, int]:
+    return dict(zip(TITAN, (2, 2, world // 16, 2, 2)))
+
+
+def ours_sequence(world: int) -> list[fm.Mesh]:
+    """The meshes bench_realize realizes, in order."""
+    world_mesh = fm.make_mesh((world,), ("world",))
+    mesh = world_mesh.unflatten("world", titan_sizes(world))
+    flat = [mesh.flatten(axes, name=name) for name, axes in FLATTENS]
+    n = flat[2].axis_size("dp_cp")
+    return [world_mesh, mesh, *flat, flat[2].unflatten("dp_cp", {"hsdp_rep": 2, "hsdp_shard": n // 2})]
+
+
+def torch_sequence(world: int) -> list[DeviceMesh]:
+    """The same steps with torch's DeviceMesh, as bench_realize times them."""
+    sizes = titan_sizes(world)
+    root = init_device_mesh("cpu", (world,), mesh_dim_names=("world",))
+    mesh = root._unflatten(0, tuple(sizes.values()), tuple(sizes))
+    flat = [mesh[axes]._flatten(name) for name, axes in FLATTENS]
+    return [root, mesh, *flat, flat[2]._unflatten(0, (2, flat[2].size() // 2), ("hsdp_rep", "hsdp_shard"))]
+
+
+def needed_rank_sets(meshes: list[fm.Mesh], world: int) -> set[tuple[int, ...]]:
+    """Every group of every axis of the pure meshes, but the whole world (the default group serves it)."""
+    sets = {tuple(row) for mesh in meshes for axis in mesh.axis_names
+            for row in mesh[axis].groups().reshape(mesh[axis].num_groups, -1).tolist()}
+    sets.discard(tuple(range(world)))
+    return sets
+
+
+@pytest.mark.parametrize(("world", "rank"), [(32, 0), (256, 131)])
+def test_realize_sequence_makes_one_group_per_distinct_rank_set(fake_world, requested, world, rank):
+    meshes = ours_sequence(world)
+    needed = needed_rank_sets(meshes, world)
+    assert min(map(len, needed)) > 1  # no size-1 axis, so no rank-local singleton groups to count apart
+    fake_world(world, rank)
+    for mesh in meshes:
+        fm.realize(mesh)
+    assert len(requested) == len(needed) == fm.cache_info().groups
+    assert set(requested) == needed
+
+
+@pytest.mark.parametrize("world", [32, 256])
+def test_torch_device_mesh_sequence_asks_for_the_same_rank_sets_at_least_as_often(fake_world, requested, world):
+    needed = needed_rank_sets(ours_sequence(world), world)
+    fake_world(world)
+    torch_sequence(world)
+    assert len(requested) >= len(needed)
+    assert {tuple(sorted(ranks)) for ranks in requested} == {tuple(sorted(ranks)) for ranks in needed}
+
+
+def transform_pairs(world: int) -> list[tuple[str, fm.Mesh, DeviceMesh]]:
+    """(operation, ours, torch's) for what bench_transforms times, on a (W/64, 8, 8) mesh; torch has
+    no transpose or rename, so those are compared with a DeviceMesh built from the permuted tensor."""
+    shape, names = (world // 64, 8, 8), ("dp", "cp", "tp")
+    mesh, dm = fm.make_mesh(shape, names), init_device_mesh("cpu", shape, mesh_dim_names=names)
+    ranks = torch.arange(world).reshape(shape)
+    return [
+        ("make_mesh", mesh, dm),
+        ("select 1 axis", mesh["tp"], dm["tp"]),
+        ("select 2 axes", mesh["dp", "tp"], dm["dp", "tp"]),
+        ("flatten (cp, tp)", mesh["cp", "tp"].flatten(name="cp_tp"), dm["cp", "tp"]._flatten("cp_tp")),
+        ("flatten (dp, tp)", mesh["dp", "tp"].flatten(name="dp_tp"), dm["dp", "tp"]._flatten("dp_tp")),
+        ("unflatten dp", mesh.unflatten("dp", {"d0": 2, "d1": shape[0] // 2}),
+         dm._unflatten(0, (2, shape[0] // 2), ("d0", "d1"))),
+        ("transpose", mesh.transpose("tp", "dp", "cp"),
+         DeviceMesh("cpu", ranks.permute(2, 0, 1), mesh_dim_names=("tp", "dp", "cp"))),
+        ("rename", mesh.rename({"dp": "data"}), DeviceMesh("cpu", ranks, mesh_dim_names=("data", "cp", "tp"))),
+    ]
+
+
+@pytest.mark.parametrize("rank", [0, 77, 255])
+def test_timed_operations_give_torch_device_mesh_groups_and_coordinates(fake_world, rank):
+    fake_world(256, rank)
+    for op, ours, theirs in transform_pairs(256):
+        assert ours.axis_names == theirs.mesh_dim_names, op
+        assert ours.group_of(rank).tolist() == theirs.mesh.tolist(), op
+        assert ours.coordinate(rank) == tuple(theirs.get_coordinate()), op
+        for axis in ours.axis_names:
+            members = dist.get_process_group_ranks(theirs.get_group(axis))
+            assert sorted(ours[axis].group_of(rank).ravel().tolist()) == sorted(members), (op, axis)
+        assert pickle.loads(pickle.dumps(ours)) == ours, op
+
+
+def test_equality_and_hash_of_timed_slices_agree_with_torch(fake_world):
+    fake_world(256)
+    mesh, dm = transform_pairs(256)[0][1:]
+    for a, b in ((("dp", "tp"), ("dp", "tp")), (("dp", "tp"), ("cp", "tp")), ("tp", ("tp",))):
+        assert (mesh[a] == mesh[b]) is (dm[a] == dm[b]), (a, b)
+        if dm[a] == dm[b]:
+            assert hash(mesh[a]) == hash(mesh[b]), (a, b)
