@@ -234,9 +234,9 @@ class _Comm(torch.autograd.Function):
 
 def _send_recv(x: torch.Tensor, members: list[int], me: int, pairs: list[tuple[int, int]]) -> torch.Tensor:
     """Point to point on global ranks: send to ``d`` for each ``(me, d)``, receive from ``s`` for ``(s, me)``."""
-    out = torch.zeros_like(x)
-    ops = []
     src = x.contiguous()
+    out = torch.zeros_like(src)  # contiguous too: gloo receives only into contiguous tensors
+    ops = []
     for s, d in pairs:
         if s == me and d == me:
             out = src.clone()

@@ -139,7 +139,8 @@ COLLECTIVES: dict[Any, CollectiveSpec] = {}
 _register(COLLECTIVES, CollectiveSpec(_vma.psum_rule), C.psum, C.pmean)
 _register(COLLECTIVES, CollectiveSpec(_vma.pvary_rule), C.pvary, C.pcast)
 _register(COLLECTIVES, CollectiveSpec(_gather_rule), C.all_gather)
-_register(COLLECTIVES, CollectiveSpec(_vma.spread_rule), C.psum_scatter, C.all_to_all, C.ppermute)
+_register(COLLECTIVES, CollectiveSpec(_vma.psum_scatter_rule), C.psum_scatter)
+_register(COLLECTIVES, CollectiveSpec(_vma.spread_rule), C.all_to_all, C.ppermute)
 _register(COLLECTIVES, CollectiveSpec(None, has_operand=False), C.axis_index, C.axis_size)
 
 

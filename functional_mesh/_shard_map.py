@@ -198,7 +198,7 @@ class _TypedMode(TorchFunctionMode):
         spec = COLLECTIVES.get(func)
         if spec is not None:
             return region.collective(func, spec, args, kwargs)
-        flat, tree = pytree.tree_flatten((args, kwargs))
+        flat, tree = _operands(args, kwargs)
         positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
         operands = [region.type_of(flat[i]) for i in positions]
         if is_untypeable(func):
@@ -219,10 +219,21 @@ class _TypedMode(TorchFunctionMode):
             for i, cast in zip(positions, rule.casts, strict=True):
                 if cast and flat[i] is not written:
                     flat[i] = region.cast(flat[i], cast)
-            args, kwargs = pytree.tree_unflatten(flat, tree)
+            args, kwargs = pytree.tree_unflatten(flat, tree) if tree is not None else (tuple(flat), kwargs)
         out = func(*args, **kwargs)
         region.record(out, rule.result if written is None else region.type_of(written))
         return out
+
+
+def _operands(args: tuple, kwargs: dict) -> tuple[list[Any], Any]:
+    """Every argument of an op, flat, and the tree to rebuild them (``None``: ``args`` as they are).
+
+    Most ops take tensors and scalars only, positionally: they skip the pytree machinery.
+    """
+    if not any(isinstance(a, (list, tuple, dict)) for a in args) and not any(
+            isinstance(v, (torch.Tensor, list, tuple, dict)) for v in kwargs.values()):
+        return list(args), None
+    return pytree.tree_flatten((args, kwargs))
 
 
 class _UntypedMode(TorchFunctionMode):
@@ -307,15 +318,16 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
             raise MeshError("`shard_map` requires no enclosing shard_map region (nested regions are not "
                             "supported), but got one; call the inner function directly")
         region = _Region(rm, check_vma)
-        local = _enter_all(region, args, in_specs)
+        local = _enter_all(region, args, in_specs, plans)
         token = _REGION.set(region)
         try:
             with (_TypedMode if check_vma else _UntypedMode)(region):
                 out = f(*local)
         finally:
             _REGION.reset(token)
-        return _exit_all(region, out, out_specs)
+        return _exit_all(region, out, out_specs, plans)
 
+    plans: dict = {}  # the boundary's per-leaf plans, by (spec, shape, kind, mesh, rank)
     return mapped
 
 
@@ -361,36 +373,92 @@ def _check_shape(rm: RealizedMesh, path: str, shape: Sequence[int], spec: Partit
                 f"pad the value to a multiple of {k}, or shard it over other axes", mesh=rm.mesh)
 
 
-def _enter_all(region: _Region, args: tuple, in_specs: Any) -> list[Any]:
+def _leaves(what: str, specs: Any, values: Any) -> tuple[list[tuple[str, Any, PartitionSpec]], Any]:
+    """``(path, leaf, spec)`` per leaf, and the tree to rebuild ``values`` (``None``: a flat tuple or one leaf).
+
+    The common shapes (one spec for one value; a tuple of specs for a tuple of non-containers)
+    skip the pytree machinery: the boundary runs at every call.
+    """
+    if isinstance(specs, PartitionSpec) and not isinstance(values, (tuple, list, dict)):
+        return [(what, values, specs)], None
+    if type(values) is tuple and not any(isinstance(v, (tuple, list, dict)) for v in values):
+        if isinstance(specs, PartitionSpec):  # one spec for every value
+            return [(f"{what}[{i}]", v, specs) for i, v in enumerate(values)], ()
+        if type(specs) is tuple and len(values) == len(specs) and all(isinstance(p, PartitionSpec) for p in specs):
+            return [(f"{what}[{i}]", v, p) for i, (v, p) in enumerate(zip(values, specs, strict=True))], ()
+    return _prefix(what, specs, values), pytree.tree_structure(values)
+
+
+def _rebuild(leaves: list[Any], tree: Any) -> Any:
+    if tree is None:
+        return leaves[0]
+    if tree == ():
+        return tuple(leaves)
+    return pytree.tree_unflatten(leaves, tree)
+
+
+class _Plan:
+    """What the boundary does for one leaf: its sharding, placements, slices, gathers. Cached per
+    (spec, shape, kind), so a mapped function called again pays for none of it."""
+
+    __slots__ = ("sharding", "placements", "axes", "index", "gathers", "unnamed", "global_shape", "stride")
+
+    def __init__(self, rm: RealizedMesh, spec: PartitionSpec, shape: tuple[int, ...], check_vma: bool,
+                 local: bool) -> None:
+        self.sharding = NamedSharding(rm.mesh, spec)
+        self.placements = self.sharding.placements
+        self.axes = _spec_axes(spec)
+        self.unnamed = () if check_vma else tuple(a for a in rm.mesh.axis_names if a not in self.axes)
+        sizes = [math.prod(rm.axis_size(a) for a in spec.axes_of(d)) for d in range(len(shape))]
+        if local:  # a result: its local shape times the sizes of the axes of each dim
+            self.global_shape = torch.Size(n * k for n, k in zip(shape, sizes, strict=True))
+            self.stride = tuple(math.prod(self.global_shape[d + 1:]) for d in range(len(shape)))
+            self.index = self.gathers = None
+        else:  # an argument: its local block, and how to gather the gradient back
+            self.index = self.sharding.local_slices(shape, rm.rank)
+            self.gathers = tuple((d, spec.axes_of(d)) for d in range(len(spec)) if spec.axes_of(d))
+            self.global_shape = self.stride = None
+
+
+def _plan(cache: dict, rm: RealizedMesh, path: str, spec: PartitionSpec, value: torch.Tensor, check_vma: bool,
+          local: bool) -> _Plan:
+    shape = tuple(value.shape)
+    key = (spec, shape, local, rm.mesh, rm.rank)
+    plan = cache.get(key)
+    if plan is None:
+        _check_shape(rm, path, (0,) * len(shape) if local else shape, spec)  # results: the rank rule only
+        plan = cache[key] = _Plan(rm, spec, shape, check_vma, local)
+    return plan
+
+
+def _enter_all(region: _Region, args: tuple, in_specs: Any, cache: dict) -> list[Any]:
     rm = region.rm
-    entries = _prefix("in_specs", in_specs, args)
+    entries, tree = _leaves("in_specs", in_specs, args)
     leaves = []
     for path, leaf, spec in entries:
         if isinstance(leaf, torch.Tensor):
-            sharding = NamedSharding(rm.mesh, spec)
-            _check_shape(rm, path, leaf.shape, spec)
-            leaf = _enter(region, path, leaf, sharding)
+            plan = _plan(cache, rm, path, spec, leaf, region.check_vma, local=False)
+            leaf = _enter(region, path, leaf, plan)
             if region.check_vma:
-                region.record(leaf, _spec_axes(spec))
+                region.record(leaf, plan.axes)
         leaves.append(leaf)
-    _, tree = pytree.tree_flatten(args)
-    return list(pytree.tree_unflatten(leaves, tree))
+    return list(_rebuild(leaves, tree if tree is not None else ()))
 
 
-def _enter(region: _Region, path: str, value: torch.Tensor, sharding: NamedSharding) -> torch.Tensor:
+def _enter(region: _Region, path: str, value: torch.Tensor, plan: _Plan) -> torch.Tensor:
     rm = region.rm
-    unnamed = () if region.check_vma else tuple(a for a in rm.mesh.axis_names if a not in _spec_axes(sharding.spec))
     if isinstance(value, DTensor):
-        if value.device_mesh != rm.device_mesh or tuple(value.placements) != sharding.placements:
+        dm = value.device_mesh
+        if (dm is not rm.device_mesh and dm != rm.device_mesh) or tuple(value.placements) != plan.placements:
             raise MeshError(
                 f"`shard_map` requires each DTensor argument to be sharded as its in_spec says, but {path} is "
-                f"{_describe(value)} and its spec asks for {sharding}; call fm.reshard(x, {sharding!r}) first "
-                f"(communication is always explicit)", mesh=rm.mesh)
+                f"{_describe(value)} and its spec asks for {plan.sharding}; call fm.reshard(x, "
+                f"{plan.sharding!r}) first (communication is always explicit)", mesh=rm.mesh)
         local = value.to_local()
-        return _SumBack.apply(local, unnamed, rm) if unnamed else local
-    index = sharding.local_slices(tuple(value.shape), rm.rank)
-    gathers = tuple((d, sharding.spec.axes_of(d)) for d in range(len(sharding.spec)) if sharding.spec.axes_of(d))
-    return _Enter.apply(value, index, rm, gathers, unnamed)
+        return _SumBack.apply(local, plan.unnamed, rm) if plan.unnamed else local
+    if not plan.gathers and not plan.unnamed:
+        return value  # replicated and typed: the full value is the local one, and its gradient is already full
+    return _Enter.apply(value, plan.index, rm, plan.gathers, plan.unnamed)
 
 
 def _describe(value: DTensor) -> str:
@@ -400,40 +468,33 @@ def _describe(value: DTensor) -> str:
         return f"a DTensor with placements {tuple(value.placements)}"
 
 
-def _exit_all(region: _Region, out: Any, out_specs: Any) -> Any:
+def _exit_all(region: _Region, out: Any, out_specs: Any, cache: dict) -> Any:
     rm = region.rm
-    entries = _prefix("out_specs", out_specs, out)
-    failures = []
-    for path, leaf, spec in entries:
-        if isinstance(leaf, torch.Tensor) and region.check_vma:
-            varying, named = region.type_of(leaf), _spec_axes(spec)
-            if varying - named:
-                failures.append((path, varying, named, spec))
-    if failures:
-        raise _vma.out_specs_error(failures, rm.mesh.axis_names, region.random)
+    entries, tree = _leaves("out_specs", out_specs, out)
+    if region.check_vma:
+        failures = []
+        for path, leaf, spec in entries:
+            if isinstance(leaf, torch.Tensor):
+                varying, named = region.type_of(leaf), _spec_axes(spec)
+                if varying - named:
+                    failures.append((path, varying, named, spec))
+        if failures:
+            raise _vma.out_specs_error(failures, rm.mesh.axis_names, region.random)
     leaves = []
     for path, leaf, spec in entries:
         if isinstance(leaf, torch.Tensor):
-            _check_shape(rm, path, (0,) * leaf.ndim, spec)  # the rank rule only: local shapes always divide
-            leaf = _exit(region, leaf, spec)
+            leaf = _exit(region, leaf, _plan(cache, rm, path, spec, leaf, region.check_vma, local=True))
         leaves.append(leaf)
-    _, tree = pytree.tree_flatten(out)
-    return pytree.tree_unflatten(leaves, tree)
+    return _rebuild(leaves, tree)
 
 
-def _exit(region: _Region, local: torch.Tensor, spec: PartitionSpec) -> DTensor:
+def _exit(region: _Region, local: torch.Tensor, plan: _Plan) -> DTensor:
     rm = region.rm
-    named = _spec_axes(spec)
     if region.check_vma:
-        missing = named - region.type_of(local)
+        missing = plan.axes - region.type_of(local)
         if missing:  # invariant over a named axis: copies are concatenated, so the cotangent sums
             local = C.pvary(local, tuple(sorted(missing)), mesh=rm)
-    else:
-        unnamed = [a for a in rm.mesh.axis_names if a not in named]
-        if unnamed:
-            local = _Scale.apply(local, 1.0 / math.prod(rm.axis_size(a) for a in unnamed))
-    sharding = NamedSharding(rm.mesh, spec)
-    shape = [n * math.prod(rm.axis_size(a) for a in spec.axes_of(d)) for d, n in enumerate(local.shape)]
-    stride = [math.prod(shape[d + 1:]) for d in range(len(shape))]
-    return DTensor.from_local(local, rm.device_mesh, sharding.placements, run_check=False,
-                              shape=torch.Size(shape), stride=tuple(stride))
+    elif plan.unnamed:
+        local = _Scale.apply(local, 1.0 / math.prod(rm.axis_size(a) for a in plan.unnamed))
+    return DTensor.from_local(local, rm.device_mesh, plan.placements, run_check=False, shape=plan.global_shape,
+                              stride=plan.stride)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ._errors import MeshError
 
 __all__ = ["AxisTypes", "Rule", "VmaError", "axis_index_rule", "check_write", "default_rule", "gather_rule",
-           "invariant_gather_rule", "op_error", "out_specs_error", "pvary_rule", "psum_rule", "random_rule",
+           "invariant_gather_rule", "op_error", "out_specs_error", "pvary_rule", "psum_rule", "psum_scatter_rule", "random_rule",
            "set_repr", "spread_rule"]
 
 
@@ -98,9 +98,29 @@ def random_rule(operands: Sequence[frozenset[str]], mesh_axes: frozenset[str]) -
     return Rule(_casts(operands, mesh_axes), mesh_axes)
 
 
+def _check_not_mixed(api: str, operand: frozenset[str], axes: frozenset[str]) -> None:
+    """A reduction over several axes needs an operand that varies over all of them or over none (JAX)."""
+    varying, invariant = operand & axes, axes - operand
+    if varying and invariant:
+        raise VmaError(
+            f"`{api}` over {tuple(sorted(axes))} requires a value that varies over all of these axes or over none, "
+            f"but got one that varies over {sorted(varying)} and not over {sorted(invariant)}; reduce over "
+            f"{tuple(sorted(varying))} alone, or fm.pcast(x, {tuple(sorted(invariant))!r}, to='varying') first")
+
+
 def psum_rule(api: str, operand: frozenset[str], axes: frozenset[str]) -> Rule:
-    """``psum``/``pmean`` over ``axes``: invariant over them; an invariant operand is cast first (``n * x``)."""
+    """``psum``/``pmean`` over ``axes``: invariant over them; an invariant operand is cast first (``n * x``).
+
+    An operand that varies over some of the axes and not the others is a ``VmaError``, as in JAX.
+    """
+    _check_not_mixed(api, operand, axes)
     return Rule((axes - operand,), operand - axes)
+
+
+def psum_scatter_rule(api: str, operand: frozenset[str], axes: frozenset[str]) -> Rule:
+    """``psum_scatter`` over ``axes``: the result varies over them; mixed operands are an error (JAX)."""
+    _check_not_mixed(api, operand, axes)
+    return spread_rule(api, operand, axes)
 
 
 def pvary_rule(api: str, operand: frozenset[str], axes: frozenset[str]) -> Rule:
@@ -114,7 +134,7 @@ def pvary_rule(api: str, operand: frozenset[str], axes: frozenset[str]) -> Rule:
 
 
 def spread_rule(api: str, operand: frozenset[str], axes: frozenset[str]) -> Rule:
-    """``all_gather(to="varying")``, ``psum_scatter``, ``all_to_all``, ``ppermute``: the result varies over ``axes``.
+    """``all_gather(to="varying")``, ``all_to_all``, ``ppermute``: the result varies over ``axes``.
 
     An operand invariant over some of ``axes`` is cast first, as JAX does.
     """

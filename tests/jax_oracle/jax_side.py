@@ -1,0 +1,327 @@
+"""The JAX side of the oracle: every program of ``programs.py`` under ``jax.shard_map`` (imports jax, never torch).
+
+Run by ``test_vs_jax.py`` in the side venv, once per session::
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv-jax/bin/python tests/jax_oracle/jax_side.py OUT.npz
+
+It runs EVERY program in this one process (JAX's start-up is paid once) on 8 host CPU devices,
+mesh axes ``AxisType.Auto``, float64, ``check_vma=True``, and saves into ``OUT.npz``:
+``<name>/out/<i>`` (global results), ``<name>/grad/<j>`` (the gradient of
+``sum_i sum(out_i * cot_i)`` with respect to input ``j``) and ``__meta__``, a JSON string with
+``jax.__version__`` and, per program, the exception JAX raised (type, message, and the kind of
+failure read from the message) or ``null``.
+
+jax is imported lazily (in :func:`main`) so that pytest's ``--doctest-modules`` collection can
+import this file from the torch venv, where jax is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+if __package__ in (None, ""):  # run as a script: make `tests.jax_oracle` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.jax_oracle import programs
+from tests.jax_oracle.programs import Program, ring
+
+jax: Any = None
+jnp: Any = None
+lax: Any = None
+
+BODIES: dict[str, Callable[..., Any]] = {}
+PROGRAM = programs.BY_NAME
+
+
+def body(fn: Callable[..., Any]) -> Callable[..., Any]:
+    assert fn.__name__ in programs.BY_NAME, fn.__name__
+    BODIES[fn.__name__] = fn
+    return fn
+
+
+# -- the programs (names and meanings in programs.py) ---------------------------------------------
+
+
+@body
+def row_parallel_matmul(x, w):
+    return lax.psum(x @ w, "y")
+
+
+@body
+def mlp_column_row(x, w1, b1, w2, b2):
+    h = jax.nn.relu(x @ w1 + b1)
+    return lax.psum(h @ w2, "y") + b2
+
+
+@body
+def replicated_weight_dp(x, w):
+    y = jnp.tanh(x @ w)
+    return y, lax.pmean(jnp.sum(y * y), "x")
+
+
+@body
+def sequence_parallel(x, w1, w2):
+    full = lax.all_gather(x, "y", axis=1, tiled=True)
+    h = jax.nn.relu(full @ w1)
+    return lax.psum_scatter(h @ w2, "y", scatter_dimension=1, tiled=True) + x
+
+
+@body
+def all_to_all_one_axis(x):
+    a = lax.all_to_all(x, "y", 1, 0, tiled=True)
+    return a * jnp.cos(a)
+
+
+@body
+def all_to_all_tuple(x):
+    return (lax.all_to_all(x, ("x", "y"), 1, 0, tiled=True),
+            lax.all_to_all(x, ("y", "x"), 1, 0, tiled=True) * 2.0)
+
+
+@body
+def ppermute_ring(x):
+    return lax.ppermute(x, "y", ring(4)), lax.ppermute(x * x, "y", [(0, 1), (1, 2)])
+
+
+@body
+def ppermute_tuple(x):
+    # JAX's ppermute reads its pairs in mesh order whatever the tuple's order; the ring over
+    # ("y", "x") in the tuple's own order (axis_index's order, and ours) is translated.
+    return (lax.ppermute(x, ("x", "y"), [(i, (3 * i + 1) % 8) for i in range(8)]),
+            lax.ppermute(jnp.sin(x), *programs.in_mesh_order(PROGRAM["ppermute_tuple"], ("y", "x"), ring(8))))
+
+
+@body
+def axis_index_arithmetic(x):
+    r1 = x * (lax.axis_index("y") + 1) * lax.axis_size("y") + lax.axis_index("x")
+    r2 = x - lax.axis_index(("x", "y"))
+    return r1, r2
+
+
+@body
+def axis_index_under_replicated_out(w):
+    return w * lax.axis_index("y")
+
+
+@body
+def psum_of_invariant(w, v):
+    return lax.psum(w, "x"), lax.pmean(w, "y"), lax.psum(w, ("x", "y")), lax.psum(v, "y")
+
+
+@body
+def out_specs_varying(x):
+    return x * 2.0
+
+
+@body
+def out_specs_missing_axis(x):
+    return x * 2.0
+
+
+@body
+def out_specs_second_result(x):
+    return lax.psum(x, "y"), x + 1.0
+
+
+@body
+def out_specs_ok_after_psum(x):
+    return lax.psum(x * x, "y")
+
+
+@body
+def invariant_out_named_axis(w, x):
+    return w * 2.0, lax.psum(jnp.sin(x), "y")
+
+
+@body
+def all_gather_invariant(x, w):
+    return (lax.all_gather(x, "y", axis=0, tiled=True, to="invarying"),
+            lax.all_gather(w * w, "y", axis=0, tiled=True, to="invarying"))
+
+
+@body
+def all_gather_varying_under_replicated_out(x):
+    return lax.all_gather(x, "y", axis=0, tiled=True)
+
+
+@body
+def invariant_into_collectives(w):
+    return (lax.all_gather(w, "y", axis=0, tiled=True),
+            lax.ppermute(w * w, "y", ring(4)),
+            lax.psum_scatter(jnp.sin(w), "y", scatter_dimension=0, tiled=True),
+            lax.all_to_all(jnp.cos(w), "y", 0, 0, tiled=True))
+
+
+@body
+def explicit_pcast(x, w):
+    wv = lax.pcast(w, "x", to="varying")
+    return x @ wv, jnp.tanh(x) @ lax.pcast(w, "x", to="varying")
+
+
+@body
+def pcast_of_varying(x):
+    return lax.pcast(x, "y", to="varying")
+
+
+@body
+def psum_mixed_tuple(x):
+    return lax.psum(x, ("x", "y"))
+
+
+@body
+def psum_scatter_mixed_tuple(x):
+    return lax.psum_scatter(x, ("x", "y"), scatter_dimension=0, tiled=True)
+
+
+@body
+def nondivisible_arg(x):
+    return x
+
+
+@body
+def nondivisible_tuple(x):
+    return x
+
+
+def generated_body(program: Program) -> Callable[..., Any]:
+    """The chain of ``program.steps`` (the same interpreter as ``fm_side.generated_body``)."""
+
+    def run(x, w):
+        for step in program.steps:
+            op, args = step[0], step[1:]
+            if op == "mul_w":
+                x = x * w
+            elif op == "sin":
+                x = jnp.sin(x)
+            elif op == "axis_index":
+                x = x * (lax.axis_index(args[0]) + 1)
+            elif op == "psum":
+                x = lax.psum(x, args[0])
+            elif op == "pmean":
+                x = lax.pmean(x, args[0])
+            elif op == "pcast":
+                x = lax.pcast(x, args[0], to="varying")
+            elif op == "ppermute":
+                pairs = ring(programs.axis_size(program, args[0]), args[1])
+                x = lax.ppermute(x, *programs.in_mesh_order(program, args[0], pairs))
+            elif op == "all_gather":
+                x = lax.all_gather(x, args[0], axis=args[1], tiled=True)
+            elif op == "all_gather_invariant":
+                x = lax.all_gather(x, args[0], axis=args[1], tiled=True, to="invarying")
+            elif op == "psum_scatter":
+                x = lax.psum_scatter(x, args[0], scatter_dimension=args[1], tiled=True)
+            elif op == "all_to_all":
+                x = lax.all_to_all(x, args[0], args[1], args[2], tiled=True)
+            else:
+                raise AssertionError(f"unknown step {step}")
+        return x
+
+    return run
+
+
+# -- running ---------------------------------------------------------------------------------------
+
+
+def failure_kind(message: str) -> str:
+    """Which rule JAX's message is about: the divisibility of an argument, or a type (vma) check."""
+    if "not evenly divisible" in message:
+        return programs.DIVISIBILITY
+    if ("require replication which can't be statically inferred" in message
+            or "can only accept axis_name which corresponds to" in message
+            or "Unsupported pcast" in message):
+        return programs.VMA
+    return "other"
+
+
+def run_program(program: Program) -> tuple[list[np.ndarray], list[np.ndarray], dict[str, Any]]:
+    from jax.sharding import AxisType, PartitionSpec
+
+    mesh = jax.make_mesh(program.sizes, program.axes, axis_types=(AxisType.Auto,) * len(program.axes))
+    fn = generated_body(program) if program.generated else BODIES[program.name]
+    f = jax.shard_map(fn, mesh=mesh, in_specs=programs.in_tree(program, PartitionSpec),
+                      out_specs=programs.out_tree(program, PartitionSpec), check_vma=True)
+    args = [jnp.asarray(a) for a in program.inputs()]
+
+    def as_list(out: Any) -> list[Any]:
+        return list(out) if isinstance(out, tuple) else [out]
+
+    try:
+        shapes = [o.shape for o in as_list(jax.eval_shape(f, *args))]  # trace-time errors surface here
+        cots = [jnp.asarray(program.cotangent(i, s)) for i, s in enumerate(shapes)]
+
+        def forward_and_grads(*a):
+            if not program.grad:
+                return as_list(f(*a)), []
+            out, vjp = jax.vjp(f, *a)
+            return as_list(out), list(vjp(tuple(cots) if isinstance(out, tuple) else cots[0]))
+
+        outs, grads = jax.jit(forward_and_grads)(*args)
+    except Exception as e:  # noqa: BLE001 - recorded for the comparison
+        msg = str(e)
+        return [], [], {"error": [type(e).__name__, msg], "kind": failure_kind(msg)}
+    return ([np.asarray(o) for o in outs], [np.asarray(g) for g in grads],
+            {"error": None, "kind": None, "out_shapes": [list(s) for s in shapes]})
+
+
+def main(argv: list[str]) -> int:
+    global jax, jnp, lax
+    if len(argv) != 2:
+        print(f"usage: {argv[0]} OUT.npz", file=sys.stderr)
+        return 2
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_force_host_platform_device_count=8" not in flags:
+        os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax as _jax
+    import jax.numpy as _jnp
+    from jax import lax as _lax
+
+    jax, jnp, lax = _jax, _jnp, _lax
+    jax.config.update("jax_enable_x64", True)
+    if len(jax.devices()) != 8:
+        print(f"expected 8 host devices, got {jax.devices()}", file=sys.stderr)
+        return 3
+    missing = [p.name for p in programs.HAND_WRITTEN if p.name not in BODIES]
+    if missing:
+        print(f"programs without a JAX body: {missing}", file=sys.stderr)
+        return 4
+
+    arrays: dict[str, np.ndarray] = {}
+    meta: dict[str, Any] = {"jax": jax.__version__, "jaxlib": _jaxlib_version(), "programs": {}}
+    t0 = time.monotonic()
+    for program in programs.ALL:
+        t = time.monotonic()
+        outs, grads, info = run_program(program)
+        info["seconds"] = round(time.monotonic() - t, 3)
+        info["n_out"], info["n_grad"] = len(outs), len(grads)
+        meta["programs"][program.name] = info
+        for i, o in enumerate(outs):
+            arrays[f"{program.name}/out/{i}"] = o
+        for j, g in enumerate(grads):
+            arrays[f"{program.name}/grad/{j}"] = g
+    meta["seconds"] = round(time.monotonic() - t0, 3)
+    arrays["__meta__"] = np.array(json.dumps(meta))
+    np.savez(argv[1], **arrays)
+    for name, info in meta["programs"].items():
+        status = "raises " + info["error"][0] + f" ({info['kind']})" if info["error"] else "ok"
+        print(f"{name:42s} {status:34s} {info['seconds']:.2f} s")
+    print(f"jax {meta['jax']}: {len(programs.ALL)} programs in {meta['seconds']:.1f} s")
+    return 0
+
+
+def _jaxlib_version() -> str:
+    import jaxlib
+
+    return getattr(jaxlib, "__version__", "?")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
