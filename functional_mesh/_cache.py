@@ -34,6 +34,7 @@ class GroupCache:
         self.axes: dict[tuple, Any] = {}  # axis key -> this rank's group of that axis (None: not a member)
         self.groups: dict[tuple, Any] = {}  # (members, backend, options) -> ProcessGroup | None
         self.created: list[Any] = []  # ProcessGroups this process made (destroyed by clear_cache)
+        self.labels: dict[Any, list[str]] = {}  # made group -> the axes it serves (its group_desc)
         self.made = 0  # distinct member tuples made (members or not; equal on every rank)
         self.hits = 0
         self.misses = 0
@@ -59,6 +60,7 @@ def clear_cache() -> None:
         created, CACHE.created = CACHE.created, []
         CACHE.axes.clear()
         CACHE.groups.clear()
+        CACHE.labels.clear()
         CACHE.made = CACHE.hits = CACHE.misses = 0
         CACHE.epoch += 1
         if dist.is_initialized():

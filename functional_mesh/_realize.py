@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import _torch
 from ._agree import _agree
 from ._cache import CACHE
 from ._errors import MeshError, requires
@@ -118,7 +119,7 @@ def realize(
     with CACHE.lock:
         for key, family in families:
             before = CACHE.made
-            groups[key] = maker.group_of_rank(family)
+            groups[key] = maker.group_of_rank(family, key if isinstance(key, str) else "_".join(key))
             made[key] = CACHE.made - before
         epoch = CACHE.epoch
     level = logging.INFO if rank == 0 else logging.DEBUG  # the lines are equal on every rank
@@ -160,17 +161,24 @@ class _GroupMaker:
         self.options, self.timeout, self.world, self.rank = options, timeout, world, rank
         self.default_backend = default_backend
 
-    def group_of_rank(self, family: Mesh) -> Any:
-        """This rank's group of the 1-axis ``family`` (``None`` when not a member)."""
+    def group_of_rank(self, family: Mesh, label: str) -> Any:
+        """This rank's group of the 1-axis ``family`` (``None`` when not a member).
+
+        ``label`` names the axis (a product's names joined by ``_``): a group made for it is
+        described as ``mesh_<label>`` (torch's ``group_desc``), and a group that serves several
+        axes names them all (``mesh_dp+batch``), so NCCL dumps and spmd_types name axes.
+        """
         (name,) = family.axis_names
         axis_key = (family.axis_layout(name), family.device_list, self.device_type, self.backend, self.options)
         if axis_key in CACHE.axes:  # a hit: O(1), whatever the world size
             CACHE.hits += 1
-            return CACHE.axes[axis_key]
+            mine = CACHE.axes[axis_key]
+            _describe_group(mine, label)
+            return mine
         CACHE.misses += 1
         rows = tuple(tuple(r) for r in family.groups().reshape(family.num_groups, -1).tolist())
         try:
-            self._create(rows)
+            self._create(rows, label)
         except RuntimeError as exc:  # c10d's DistStoreError / gloo errors: a member died or stopped
             timeout = f"{self.timeout.total_seconds():g} s" if self.timeout else "torch's default timeout"
             raise MeshError(
@@ -181,16 +189,17 @@ class _GroupMaker:
         mine = None if group is None else CACHE.groups[(tuple(group.reshape(-1).tolist()), self.backend,
                                                           self.options)]
         CACHE.axes[axis_key] = mine
+        _describe_group(mine, label)
         return mine
 
-    def _create(self, rows: tuple[tuple[int, ...], ...]) -> None:
+    def _create(self, rows: tuple[tuple[int, ...], ...], label: str) -> None:
         missing = [r for r in rows if (r, self.backend, self.options) not in CACHE.groups]
         if not missing:
             return
         default = dist.distributed_c10d._get_default_group()
         method = creation_method(missing, self.world, self.default_backend, self.backend,
                                  bool(getattr(default, "bound_device_id", None)))
-        kwargs: dict[str, Any] = {"timeout": self.timeout}
+        kwargs: dict[str, Any] = {"timeout": self.timeout, "group_desc": f"mesh_{label}"}
         if method == "default":
             CACHE.groups[(missing[0], self.backend, self.options)] = default
             return
@@ -201,26 +210,39 @@ class _GroupMaker:
                     pg = dist.new_group(list(row), backend=self.backend_arg, use_local_synchronization=True,
                                         **kwargs)
                     CACHE.created.append(pg)
-                self._store(row, pg)
+                self._store(row, pg, label)
             return
         if method == "split":
             pg = dist.split_group(split_ranks=[list(r) for r in missing], **kwargs)
+            # a rank in no split gets None (torch 2.13) or GroupMember.NON_GROUP_MEMBER, -100 (2.14+)
+            pg = pg if isinstance(pg, dist.ProcessGroup) else None
             if pg is not None:
                 CACHE.created.append(pg)
             for row in missing:
-                self._store(row, pg if self.rank in row else None)
+                self._store(row, pg if self.rank in row else None, label)
             return
         for row in missing:  # every rank, same order: c10d names groups by a shared counter
             pg = dist.new_group(list(row), backend=self.backend_arg, sort_ranks=False, **kwargs)
-            if pg is dist.GroupMember.NON_GROUP_MEMBER or pg is None:
+            if not isinstance(pg, dist.ProcessGroup):  # NON_GROUP_MEMBER on a rank outside the row
                 pg = None
             else:
                 CACHE.created.append(pg)
-            self._store(row, pg)
+            self._store(row, pg, label)
 
-    def _store(self, row: tuple[int, ...], pg: Any) -> None:
+    def _store(self, row: tuple[int, ...], pg: Any, label: str) -> None:
         CACHE.groups[(row, self.backend, self.options)] = pg
         CACHE.made += 1
+        if pg is not None and pg not in CACHE.labels:
+            CACHE.labels[pg] = [label]
+
+
+def _describe_group(pg: Any, label: str) -> None:
+    """Add ``label`` to the ``group_desc`` of a group realize made (never to the default group)."""
+    labels = CACHE.labels.get(pg) if pg is not None else None
+    if labels is None or label in labels:
+        return
+    labels.append(label)
+    _torch.set_group_desc(pg, "mesh_" + "+".join(labels))
 
 
 # -- divergence check (the agreement itself lives in _agree.py) ----------------------------------

@@ -10,6 +10,7 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
   layout of a torch mesh (torch >= 2.10);
 - ``DeviceMesh.from_group(groups, device_type, mesh=, mesh_dim_names=)`` (public, but its
   multi-group form is what FSDP2 + TP rely on);
+- ``ProcessGroup._set_group_desc(desc)``, to name every axis a shared group serves;
 - ``torch._C._is_torch_function_mode_enabled()``, to let a ``shard_map`` region see the
   collectives that have no tensor operand (``axis_index``, ``axis_size``).
 
@@ -32,7 +33,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from ._errors import MeshError, requires
 
 __all__ = ["PlacementPlan", "device_mesh_from_groups", "from_placements", "global_rank", "group_members",
-           "mesh_parts", "to_placements", "torch_function_mode_active"]
+           "mesh_parts", "set_group_desc", "to_placements", "torch_function_mode_active"]
 
 # Per mesh axis: None (replicated) or (tensor dim, split factor): a factor of None is Shard(dim),
 # an int is _StridedShard(dim, split_factor=factor). Built by functional_mesh._sharding.placement_plan.
@@ -70,6 +71,11 @@ def torch_function_mode_active() -> bool:
 def global_rank() -> int:
     """This process's rank in the default group."""
     return dist.get_rank()
+
+
+def set_group_desc(pg: Any, desc: str) -> None:
+    """Rename a process group's description (``ProcessGroup._set_group_desc``, private)."""
+    pg._set_group_desc(desc)
 
 
 def group_members(pg: Any) -> list[int]:

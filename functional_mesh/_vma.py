@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from ._errors import MeshError
 
 __all__ = ["AxisTypes", "Rule", "VmaError", "axis_index_rule", "check_write", "default_rule", "gather_rule",
-           "invariant_gather_rule", "op_error", "out_specs_error", "pvary_rule", "psum_rule", "psum_scatter_rule", "random_rule",
-           "set_repr", "spread_rule"]
+           "invariant_gather_rule", "op_error", "out_specs_error", "pvary_rule", "psum_rule", "psum_scatter_rule",
+           "random_rule", "set_repr", "spread_rule"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -288,3 +288,31 @@ def test_realized_mesh_has_no_instance_dict(world):
     rm = fm.realize(fm.make_mesh((2, 2), ("dp", "tp")))
     assert not hasattr(rm, "__dict__")
     assert rm["tp"].mesh == rm.mesh["tp"]  # selections are built without assignment, too
+
+
+# -- group descriptions --------------------------------------------------------------------------
+
+
+def test_groups_are_named_after_the_axes_they_serve(world):
+    world(5, 8)
+    mesh = fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))
+    rm = fm.realize(mesh, products=[("dp", "cp")])
+    assert rm.group("tp").group_desc == "mesh_tp"
+    assert rm.group("dp").group_desc == "mesh_dp"
+    assert rm.group(("dp", "cp")).group_desc == "mesh_dp_cp"
+    # the same rank sets reached under other names: one group each, now named after both axes
+    again = fm.realize(mesh.rename({"tp": "model"}).flatten(("dp", "cp"), name="batch"))
+    assert again.group("model") is rm.group("tp")
+    assert rm.group("tp").group_desc == "mesh_tp+model"
+    assert again.group("batch") is rm.group(("dp", "cp"))
+    assert rm.group(("dp", "cp")).group_desc == "mesh_dp_cp+batch"
+    fm.realize(mesh.rename({"tp": "model"}))  # a name already listed is not repeated
+    assert rm.group("tp").group_desc == "mesh_tp+model"
+
+
+def test_the_default_group_keeps_its_own_description(world):
+    world(0, 4)
+    rm = fm.realize(fm.make_mesh((4,), ("world",)))
+    assert rm.group("world") is dist.distributed_c10d._get_default_group()
+    fm.realize(fm.make_mesh((4,), ("w2",)))
+    assert not rm.group("world").group_desc.startswith("mesh_")

@@ -76,3 +76,14 @@ def test_errors_name_the_bad_value():
         NamedSharding(MESH, "x")
     with pytest.raises(TypeError, match=r"an int for dim size"):
         NamedSharding(MESH, P("x")).shard_shape((8.0,))
+
+
+def test_trailing_nones_count_in_the_rank_a_spec_needs():
+    # JAX: P(None) is "only valid for values of rank at least 1"; equal specs still compare equal
+    with pytest.raises(MeshError, match=r"at least as many dims as the spec \(1\), but got global_shape=\(\)"):
+        NamedSharding(MESH, P(None)).shard_shape(())
+    with pytest.raises(MeshError, match=r"at least as many dims as the spec \(3\), but got global_shape=\(8, 4\)"):
+        NamedSharding(MESH, P("x", None, None)).local_slices((8, 4), 0)
+    assert NamedSharding(MESH, P("x", None)).shard_shape((8, 4)) == NamedSharding(MESH, P("x")).shard_shape((8, 4))
+    assert P("x", None) == P("x") and len(P("x", None)) == 2 and len(P("x")) == 1
+    assert NamedSharding(MESH, P()).shard_shape(()) == ()
