@@ -6,6 +6,8 @@ ranks: ``y = psum(relu(x @ w1) @ w2, "tp")``, ``loss = (y * y).sum()``, with ``x
 replicated, ``w1 (D, H)`` split by columns and ``w2 (H, D)`` by rows over tp (D = H = hidden).
 
 - hand: local shards as plain tensors, ``fm.pvary(x, "tp")`` written out (Megatron's f and g);
+- hand, DTensor in and out: the same, its weights DTensors (``to_local()``) and its result a
+  DTensor (``from_local``): what the region's boundary does besides typing;
 - shard_map: ``fm.shard_map(mlp, in_specs=(P(), P(None, "tp"), P("tp", None)), out_specs=P())``
   on the full ``x`` and DTensor weights, ``check_vma=True`` (the implicit pvary) and ``False``.
 
@@ -28,12 +30,14 @@ import _harness as H  # this folder is sys.path[0] when a script here runs
 import _report as R
 
 BENCH = "bench_shard_map"
-SERIES = ("hand", "shard_map check_vma=True", "shard_map check_vma=False")
+SERIES = ("hand", "shard_map check_vma=True", "shard_map check_vma=False", "hand, DTensor in and out")
 
 
 def step_worker(rank: int, world: int, port: int, reps: int, warmup: int, hidden: int, batch: int) -> dict:
     import torch
     import torch.distributed as dist
+
+    from torch.distributed.tensor import DTensor, Replicate
 
     import functional_mesh as fm
     from functional_mesh import P
@@ -58,6 +62,12 @@ def step_worker(rank: int, world: int, port: int, reps: int, warmup: int, hidden
             y = fm.psum(torch.relu(fm.pvary(x, "tp") @ l1) @ l2, "tp")
         (y * y).sum().backward()
 
+    def hand_dtensor() -> None:
+        with rm:
+            y = fm.psum(torch.relu(fm.pvary(x, "tp") @ w1.to_local()) @ w2.to_local(), "tp")
+        y = DTensor.from_local(y, rm.device_mesh, (Replicate(),), run_check=False).to_local()
+        (y * y).sum().backward()
+
     def mapped(check_vma: bool) -> Any:
         f = fm.shard_map(mlp, in_specs=(P(), P(None, "tp"), P("tp", None)), out_specs=P(), mesh=rm,
                          check_vma=check_vma)
@@ -67,12 +77,12 @@ def step_worker(rank: int, world: int, port: int, reps: int, warmup: int, hidden
             (y * y).sum().backward()
         return run
 
-    calls = {SERIES[0]: hand, SERIES[1]: mapped(True), SERIES[2]: mapped(False)}
+    calls = {SERIES[0]: hand, SERIES[1]: mapped(True), SERIES[2]: mapped(False), SERIES[3]: hand_dtensor}
     samples: dict[str, list[int]] = {name: [] for name in SERIES}
     gc.collect()
     gc.disable()
     for i in range(warmup + reps):
-        for name in SERIES[i % 3:] + SERIES[:i % 3]:
+        for name in SERIES[i % len(SERIES):] + SERIES[:i % len(SERIES)]:
             dist.barrier()
             t0 = time.perf_counter_ns()
             calls[name]()
@@ -99,7 +109,8 @@ def main() -> int:
     ranks = H.run_pool(__file__, {"fn": "step", "reps": reps, "warmup": warmup, "hidden": args.hidden,
                                   "batch": args.batch}, args.world)
     records: list[Any] = [R.Table(BENCH, "eager", "MLP step (forward + backward), eager, gloo", "configuration", (
-        (SERIES[1], SERIES[0], "typed / hand"), (SERIES[2], SERIES[0], "untyped / hand")))]
+        (SERIES[1], SERIES[0], "typed / hand"), (SERIES[2], SERIES[0], "untyped / hand"),
+        (SERIES[1], SERIES[3], "typed / hand with DTensors")))]
     for name in SERIES:
         records.append(R.measured(BENCH, "eager", row, name, max((r[name] for r in ranks), key=statistics.median)))
     R.write(args.out, [R.finish_run(run, time.perf_counter() - t0), *records])
