@@ -35,6 +35,7 @@ class GroupCache:
         self.groups: dict[tuple, Any] = {}  # (members, backend, options) -> ProcessGroup | None
         self.created: list[Any] = []  # ProcessGroups this process made (destroyed by clear_cache)
         self.labels: dict[Any, list[str]] = {}  # made group -> the axes it serves (its group_desc)
+        self.singletons: dict[tuple, Any] = {}  # (backend, options) -> this rank's own one-rank group
         self.made = 0  # distinct member tuples made (members or not; equal on every rank)
         self.hits = 0
         self.misses = 0
@@ -61,6 +62,7 @@ def clear_cache() -> None:
         CACHE.axes.clear()
         CACHE.groups.clear()
         CACHE.labels.clear()
+        CACHE.singletons.clear()
         CACHE.made = CACHE.hits = CACHE.misses = 0
         CACHE.epoch += 1
         if dist.is_initialized():

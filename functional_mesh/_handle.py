@@ -109,7 +109,7 @@ class RealizedMesh(Frozen):
         self._check_alive("RealizedMesh.group")
         if isinstance(axis, str):
             axis_position(self._mesh, axis, "RealizedMesh.group")
-            return self._groups[axis]
+            return self._group_of(axis, "RealizedMesh.group")
         names = as_name_tuple("RealizedMesh.group", axis, "axis")
         if len(names) == 1:
             return self.group(names[0])
@@ -119,6 +119,14 @@ class RealizedMesh(Frozen):
                                      tuple(k for k in self._groups if isinstance(k, tuple)))
                             + f"; pass products=[{names!r}] to realize", mesh=self._mesh)
         return self._groups[names]
+
+    def _group_of(self, axis: str, api: str) -> Any:
+        if axis not in self._groups:
+            realized = tuple(k for k in self._groups if isinstance(k, str))
+            raise MeshError(requires(api, "an axis whose groups were realized", "axis", axis, realized)
+                            + "; realize(mesh, axes=...) left it out: realize it before using its group",
+                            mesh=self._mesh)
+        return self._groups[axis]
 
     def has_group(self, axes: tuple[str, ...]) -> bool:
         """True when the product group of ``axes`` was realized with this mesh."""
@@ -143,7 +151,7 @@ class RealizedMesh(Frozen):
         """A realized selection, served from the cache (no communication, no new groups)."""
         self._check_alive("RealizedMesh[...]")
         sub = self._mesh[names]
-        groups = {n: self._groups[n] for n in sub.axis_names}
+        groups = {n: self._groups[n] for n in sub.axis_names if n in self._groups}
         return RealizedMesh(sub, self._device_type, self._backend, groups, self._rank, self._epoch,
                             self._root or self)
 
@@ -170,12 +178,13 @@ class RealizedMesh(Frozen):
             raise MeshError(f"`RealizedMesh.device_mesh` requires a mesh with at least one axis, but got {mesh!r}",
                             mesh=mesh)
         root = self._root
-        if root is not None and _in_order(mesh.axis_names, root.mesh.axis_names):
+        if (root is not None and _in_order(mesh.axis_names, root.mesh.axis_names)
+                and all(n in root._groups for n in root.mesh.axis_names)):
             return root.device_mesh[mesh.axis_names if mesh.ndim > 1 else mesh.axis_names[0]]
         submesh = mesh.group_of(self._rank)
         groups = []
         for i, name in enumerate(mesh.axis_names):
-            pg = self._groups[name]
+            pg = self._group_of(name, "RealizedMesh.device_mesh")
             index = tuple(slice(None) if j == i else c for j, c in enumerate(self._coordinate))
             row = submesh[index].reshape(-1).tolist()
             members = _torch.group_members(pg)

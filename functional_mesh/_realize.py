@@ -39,6 +39,7 @@ from ._handle import RealizedMesh
 from ._mesh import Mesh
 from ._realize_plan import (
     as_timeout,
+    realized_axes,
     axis_report,
     check_timeout_seconds,
     creation_method,
@@ -67,6 +68,7 @@ def realize(
     timeout: float | datetime.timedelta | None = None,
     check: bool | float = True,
     products: Iterable[Sequence[str]] = (),
+    axes: Iterable[str] | None = None,
 ) -> RealizedMesh:
     """Create (or look up) the process groups of every axis of ``mesh``; a collective call.
 
@@ -85,6 +87,9 @@ def realize(
             ``$FUNCTIONAL_MESH_CHECK_TIMEOUT`` or 60 s), ``False``, or a number of seconds.
         products: tuples of axis names whose product groups to create as well, for
             tuple-axis collectives (``products=[("dp", "cp")]``).
+        axes: the axes to make groups for (default: all). An axis left out costs no process
+            group; using its group later (``rm.group``, a collective, ``rm.device_mesh``) is a
+            ``MeshError`` that says so. Its coordinate and size are still known.
 
     Returns:
         The realized mesh: ``rm.group("tp")``, ``rm.coordinate``, ``rm.device_mesh``, ...
@@ -94,6 +99,7 @@ def realize(
     timeout_td = as_timeout(timeout)
     wait_s = check_timeout_seconds(check, os.environ)
     products_t = product_axes(mesh, products)
+    axes_t = realized_axes(mesh, axes)
     if not dist.is_initialized():
         _init_default(device_type, backend, timeout_td)
     default_backend = str(dist.get_backend())
@@ -109,9 +115,9 @@ def realize(
         with CACHE.lock:  # only checked calls are numbered: a rank's unchecked lookups shift nothing
             CACHE.calls += 1
             call = CACHE.calls
-        request = describe_request(mesh, device_type, backend_name, options, products_t)
+        request = describe_request(mesh, device_type, backend_name, options, products_t, axes_t)
         _check_same_request(call, request, rank, world, wait_s)
-    families = [(name, mesh[name]) for name in mesh.axis_names]
+    families = [(name, mesh[name]) for name in axes_t]
     families += [(axes, mesh[axes].flatten(name="product")) for axes in products_t]
     maker = _GroupMaker(device_type, backend_name, backend_arg, options, timeout_td, world, rank, default_backend)
     groups: dict[Any, Any] = {}
@@ -204,13 +210,16 @@ class _GroupMaker:
             CACHE.groups[(missing[0], self.backend, self.options)] = default
             return
         if method == "local":
+            # Every rank of the world makes its own singleton group, once per backend and options,
+            # whether or not this mesh covers it: torch >= 2.14 counts local-synchronisation groups
+            # in the counter that names every later group, so all ranks must make as many.
+            own = CACHE.singletons.get((self.backend, self.options))
+            if own is None:
+                own = dist.new_group([self.rank], backend=self.backend_arg, use_local_synchronization=True, **kwargs)
+                CACHE.created.append(own)
+                CACHE.singletons[(self.backend, self.options)] = own
             for row in missing:
-                pg = None
-                if row[0] == self.rank:
-                    pg = dist.new_group(list(row), backend=self.backend_arg, use_local_synchronization=True,
-                                        **kwargs)
-                    CACHE.created.append(pg)
-                self._store(row, pg, label)
+                self._store(row, own if row == (self.rank,) else None, label)
             return
         if method == "split":
             pg = dist.split_group(split_ranks=[list(r) for r in missing], **kwargs)

@@ -20,7 +20,7 @@ from ._validate import as_name_tuple
 
 __all__ = ["CHECK_TIMEOUT_ENV", "DEFAULT_CHECK_TIMEOUT_S", "InitPlan", "as_timeout", "axis_report",
            "check_device_type", "check_timeout_seconds", "creation_method", "describe_request", "plan_init",
-           "product_axes", "resolve_backend"]
+           "product_axes", "realized_axes", "resolve_backend"]
 
 CHECK_TIMEOUT_ENV = "FUNCTIONAL_MESH_CHECK_TIMEOUT"
 DEFAULT_CHECK_TIMEOUT_S = 60.0
@@ -188,8 +188,24 @@ def product_axes(mesh: Mesh, products: Iterable[Sequence[str]]) -> tuple[tuple[s
     return tuple(out)
 
 
-def describe_request(mesh: Mesh, device_type: str, backend: str, options: tuple, products: tuple) -> str:
+def realized_axes(mesh: Mesh, axes: Iterable[str] | None) -> tuple[str, ...]:
+    """The axes whose groups a realize call makes: ``None`` means all of them, in mesh order."""
+    if axes is None:
+        return mesh.axis_names
+    if isinstance(axes, (str, bytes)) or not isinstance(axes, Iterable):
+        raise TypeError(requires("realize", "axes=None or an iterable of axis names", "axes", axes))
+    names = as_name_tuple("realize", tuple(axes), "axes")
+    if names:
+        mesh[names]  # validates: known (with "did you mean"), distinct
+    return tuple(n for n in mesh.axis_names if n in names)
+
+
+def describe_request(mesh: Mesh, device_type: str, backend: str, options: tuple, products: tuple,
+                     axes: tuple[str, ...] | None = None) -> str:
+    """The text every rank compares before a realize call (the divergence check)."""
     layouts = ",".join(f"{n}={mesh.axis_layout(n)}" for n in mesh.axis_names)
     text = (f"{mesh!r} [{layouts}; devices {mesh.device_list.digest()}] device_type={device_type} "
             f"backend={backend} options={options} products={products}")
+    if axes is not None and axes != mesh.axis_names:
+        text += f" axes={axes}"
     return text

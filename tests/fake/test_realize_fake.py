@@ -316,3 +316,47 @@ def test_the_default_group_keeps_its_own_description(world):
     assert rm.group("world") is dist.distributed_c10d._get_default_group()
     fm.realize(fm.make_mesh((4,), ("w2",)))
     assert not rm.group("world").group_desc.startswith("mesh_")
+
+
+# -- realizing only some axes ------------------------------------------------------------------
+
+
+def test_axes_realizes_only_the_named_axes(world):
+    calls = world(5, 8)
+    mesh = fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))
+    rm = fm.realize(mesh, axes=("tp",))
+    assert calls["new_group"] == len(rows(mesh, "tp")) == 4  # tp's groups only
+    assert rm.group("tp") is not None and rm.coordinate == (1, 0, 1) and rm.local_rank("dp") == 1
+    for use in (lambda: rm.group("dp"), lambda: fm.psum(torch.ones(1), "cp", mesh=rm), lambda: rm.device_mesh):
+        with pytest.raises(fm.MeshError, match=r"requires an axis whose groups were realized, but got axis='(dp|cp)'"
+                                               r"; valid: \('tp',\); realize\(mesh, axes=\.\.\.\) left it out"):
+            use()
+    assert rm["tp"].device_mesh.mesh_dim_names == ("tp",)  # a selection of realized axes is usable
+    fm.realize(mesh)  # the rest, later: tp is a cache hit
+    assert calls["new_group"] == 4 + len(rows(mesh, "dp")) + len(rows(mesh, "cp"))
+
+
+def test_axes_must_name_axes_of_the_mesh(world):
+    world(0, 8)
+    mesh = fm.make_mesh((2, 4), ("dp", "tp"))
+    with pytest.raises(fm.UnknownAxisError, match="did you mean 'tp'"):
+        fm.realize(mesh, axes=("tq",))
+    with pytest.raises(TypeError, match="axes=None or an iterable of axis names"):
+        fm.realize(mesh, axes=3)
+    assert fm.realize(mesh, axes=()).coordinate == (0, 0)  # nothing realized, still a handle
+
+
+def test_every_rank_makes_one_singleton_group_even_outside_the_mesh(world):
+    # torch >= 2.14 names groups with a counter that counts local-synchronisation groups too:
+    # ranks that made different numbers of them would disagree on every later group's name
+    for rank in (2, 6):
+        calls = world(rank, 8)
+        mesh = fm.make_mesh((2, 2, 1), ("a", "b", "one"))  # devices 0..3: rank 6 is outside
+        rm = fm.realize(mesh)
+        fm.realize(mesh.rename({"one": "also_one"}))
+        fm.realize(fm.make_mesh((4, 1), ("c", "unit"), devices=[4, 5, 6, 7]))
+        assert calls["local"] == 1, (rank, calls)
+        if rank == 2:
+            assert rm.group("one") is not None and dist.get_process_group_ranks(rm.group("one")) == [2]
+        else:
+            assert rm.coordinate is None
