@@ -11,6 +11,9 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
 - ``DeviceMesh.from_group(groups, device_type, mesh=, mesh_dim_names=)`` (public, but its
   multi-group form is what FSDP2 + TP rely on);
 - ``ProcessGroup._set_group_desc(desc)``, to name every axis a shared group serves;
+- ``DeviceMesh._flatten_mapping``, ``_pg_registry``, ``_dim_group_names``, ``_layout.collapse()``,
+  ``_MeshLayout`` and ``DeviceMesh(_layout=, _rank_map=, _root_mesh=, _init_backend=False)``, to
+  hand torch the product groups realize made when it flattens a mesh itself;
 - ``torch._C._is_torch_function_mode_enabled()``, to let a ``shard_map`` region see the
   collectives that have no tensor operand (``axis_index``, ``axis_size``).
 
@@ -26,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed._mesh_layout import _MeshLayout
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
@@ -33,7 +37,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from ._errors import MeshError, requires
 
 __all__ = ["PlacementPlan", "device_mesh_from_groups", "from_placements", "global_rank", "group_members",
-           "mesh_parts", "set_group_desc", "to_placements", "torch_function_mode_active"]
+           "mesh_parts", "register_flattened", "set_group_desc", "to_placements", "torch_function_mode_active"]
 
 # Per mesh axis: None (replicated) or (tensor dim, split factor): a factor of None is Shard(dim),
 # an int is _StridedShard(dim, split_factor=factor). Built by functional_mesh._sharding.placement_plan.
@@ -88,6 +92,23 @@ def device_mesh_from_groups(groups: Sequence[Any], device_type: str, submesh: np
     """A torch ``DeviceMesh`` over existing groups, one per axis (no new group)."""
     return DeviceMesh.from_group(list(groups), device_type, mesh=torch.from_numpy(np.ascontiguousarray(submesh)),
                                  mesh_dim_names=names)
+
+
+def register_flattened(root: DeviceMesh, names: tuple[str, ...], pg: Any) -> None:
+    """Make ``root[names]._flatten()`` find the product group ``pg`` instead of creating a new one.
+
+    torch derives flattened meshes itself (FSDP2 flattens ``mesh[("dp_shard", "cp")]`` when it
+    shards over both) and caches them by name in the root's ``_flatten_mapping``; a mesh found
+    there with the same layout is reused. So the flattened mesh is built here, over the group
+    realize made, without creating one (private: ``_flatten_mapping``, ``_pg_registry``,
+    ``_dim_group_names``, ``DeviceMesh(_layout=, _rank_map=, _root_mesh=, _init_backend=False)``).
+    """
+    flat = DeviceMesh(root.device_type, _layout=_MeshLayout([root[names]._layout.collapse()]),
+                      _rank_map=root._rank_map, mesh_dim_names=("_".join(names),), _root_mesh=root,
+                      _init_backend=False)
+    flat._dim_group_names = [pg.group_name]
+    root._pg_registry[pg.group_name] = pg
+    root._flatten_mapping["_".join(names)] = flat
 
 
 def mesh_parts(dm: Any) -> tuple[tuple[str, ...], list[tuple[Any, Any]], list[int]]:

@@ -360,3 +360,37 @@ def test_every_rank_makes_one_singleton_group_even_outside_the_mesh(world):
             assert rm.group("one") is not None and dist.get_process_group_ranks(rm.group("one")) == [2]
         else:
             assert rm.coordinate is None
+
+
+@pytest.fixture
+def torch_groups(monkeypatch):
+    """Count the groups torch's DeviceMesh makes itself (it imports new_group/split_group by name)."""
+    import torch.distributed.device_mesh as device_mesh
+
+    made: Counter = Counter()
+    for name in ("new_group", "split_group"):
+        real = getattr(device_mesh, name)
+
+        def counted(*args, real=real, name=name, **kwargs):
+            made[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(device_mesh, name, counted)
+    return made
+
+
+def test_torch_flattening_our_mesh_finds_the_product_group_instead_of_making_one(world, torch_groups):
+    # what FSDP2 does to shard over dp_shard x cp: mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    world(5, 8)
+    mesh = fm.make_mesh((2, 2, 2), ("dp_shard", "cp", "tp"))
+    rm = fm.realize(mesh, products=[("dp_shard", "cp")])
+    flat = rm.device_mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    assert sum(torch_groups.values()) == 0, f"torch made groups realize had made already: {torch_groups}"
+    assert flat.get_group() is rm.group(("dp_shard", "cp"))
+    assert flat.mesh.tolist() == mesh["dp_shard", "cp"].flatten().group_of(5).reshape(-1).tolist()
+    assert tuple(flat.get_coordinate()) == mesh["dp_shard", "cp"].flatten().coordinate(5)
+    # without the product, torch makes its own groups: the count proves the test can fail
+    world(5, 8)
+    rm2 = fm.realize(mesh)
+    rm2.device_mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    assert sum(torch_groups.values()) == 2  # one new_group per (dp_shard, cp) group
