@@ -15,8 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import torch.distributed as dist
-
+from . import _torch
 from ._errors import MeshError
 
 __all__: list[str] = []
@@ -55,7 +54,7 @@ def _agree(api: str, rule: str, label: str, prefix: str, participants: Sequence[
         request: what this rank asks for, as text (compared by digest, quoted in messages).
         wait_s: how long the leader waits for the others (followers wait a little longer).
     """
-    store = dist.distributed_c10d._get_default_store()
+    store = _torch.default_store()
     digest = hashlib.sha1(request.encode(), usedforsecurity=False).hexdigest()[:16]
     mine = f"{prefix}/rank{rank}"
     store.set(mine, f"{digest} {request}")

@@ -13,7 +13,6 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-
 __all__ = ["MeshError", "UnknownAxisError"]
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _collectives as C
-from . import _vma
+from . import _torch, _vma
 
 __all__ = ["COLLECTIVES", "PASS_THROUGH", "CollectiveSpec", "is_random", "is_untypeable", "written_operand"]
 
@@ -112,10 +112,8 @@ def written_operand(func: Any, args: tuple, kwargs: dict) -> Any:
 
 def is_untypeable(func: Any) -> bool:
     """A custom op (``torch.ops.<namespace>.*`` outside aten/prims): its outputs need not follow its inputs."""
-    namespace = getattr(func, "namespace", None)
-    if isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        return namespace not in ("aten", "prims")
-    return False
+    op = _torch.op_overload_name(func)
+    return op is not None and op[0] not in ("aten", "prims")
 
 
 # -- collectives ----------------------------------------------------------------------------------------

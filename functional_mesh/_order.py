@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ._errors import MeshError, requires, unknown_axis
-from ._validate import as_int
 from ._mesh import Mesh, make_mesh
+from ._validate import as_int
 
 __all__ = ["mesh_from_order", "order_axes"]
 

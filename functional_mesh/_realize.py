@@ -39,13 +39,13 @@ from ._handle import RealizedMesh
 from ._mesh import Mesh
 from ._realize_plan import (
     as_timeout,
-    realized_axes,
     axis_report,
     check_timeout_seconds,
     creation_method,
     describe_request,
     plan_init,
     product_axes,
+    realized_axes,
     resolve_backend,
 )
 
@@ -202,7 +202,7 @@ class _GroupMaker:
         missing = [r for r in rows if (r, self.backend, self.options) not in CACHE.groups]
         if not missing:
             return
-        default = dist.distributed_c10d._get_default_group()
+        default = _torch.default_group()
         method = creation_method(missing, self.world, self.default_backend, self.backend,
                                  bool(getattr(default, "bound_device_id", None)))
         kwargs: dict[str, Any] = {"timeout": self.timeout, "group_desc": f"mesh_{label}"}

@@ -28,13 +28,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 from torch.distributed.tensor import DTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import _collectives as C
-from . import _vma
+from . import _torch, _vma
 from ._errors import MeshError, requires
 from ._handle import RealizedMesh, resolve_mesh
 from ._interop import sharding_of
@@ -219,7 +218,7 @@ class _TypedMode(TorchFunctionMode):
             for i, cast in zip(positions, rule.casts, strict=True):
                 if cast and flat[i] is not written:
                     flat[i] = region.cast(flat[i], cast)
-            args, kwargs = pytree.tree_unflatten(flat, tree) if tree is not None else (tuple(flat), kwargs)
+            args, kwargs = _torch.pytree.tree_unflatten(flat, tree) if tree is not None else (tuple(flat), kwargs)
         out = func(*args, **kwargs)
         region.record(out, rule.result if written is None else region.type_of(written))
         return out
@@ -233,7 +232,7 @@ def _operands(args: tuple, kwargs: dict) -> tuple[list[Any], Any]:
     if not any(isinstance(a, (list, tuple, dict)) for a in args) and not any(
             isinstance(v, (torch.Tensor, list, tuple, dict)) for v in kwargs.values()):
         return list(args), None
-    return pytree.tree_flatten((args, kwargs))
+    return _torch.pytree.tree_flatten((args, kwargs))
 
 
 class _UntypedMode(TorchFunctionMode):
@@ -252,11 +251,9 @@ class _UntypedMode(TorchFunctionMode):
 
 
 def _name(func: Any) -> str:
-    qualified = getattr(func, "_qualified_op_name", None)  # torch.ops.<namespace>.<op>: "namespace::op"
-    if qualified is None and isinstance(func, torch._ops.OpOverload):
-        qualified = func.name()
-    if qualified is not None:
-        return qualified
+    op = _torch.op_overload_name(func)  # torch.ops.<namespace>.<op>: "namespace::op"
+    if op is not None:
+        return op[1]
     name = getattr(func, "__name__", None) or str(func)
     owner = getattr(func, "__objclass__", None)
     return f"Tensor.{name}" if owner is not None and owner.__name__ == "TensorBase" else name
@@ -335,7 +332,7 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
 
 
 def _check_specs(what: str, specs: Any) -> None:
-    leaves = pytree.tree_leaves(specs, is_leaf=lambda s: isinstance(s, PartitionSpec))
+    leaves = _torch.pytree.tree_leaves(specs, is_leaf=lambda s: isinstance(s, PartitionSpec))
     for leaf in leaves:
         if not isinstance(leaf, PartitionSpec):
             raise TypeError(requires("shard_map", f"PartitionSpec leaves in {what}", what, specs))
@@ -343,15 +340,16 @@ def _check_specs(what: str, specs: Any) -> None:
 
 def _prefix(what: str, specs: Any, values: Any) -> list[tuple[str, Any, PartitionSpec]]:
     """``(path, leaf, spec)`` for every leaf of ``values``, its spec taken from the prefix ``specs``."""
-    pairs, tree = pytree.tree_flatten_with_path(values)
+    pairs, tree = _torch.pytree.tree_flatten_with_path(values)
     if isinstance(specs, list) and isinstance(values, tuple):
         specs = tuple(specs)
-    flat_specs = pytree._broadcast_to_and_flatten(specs, tree, is_leaf=lambda s: isinstance(s, PartitionSpec))
+    flat_specs = _torch.pytree._broadcast_to_and_flatten(specs, tree, is_leaf=lambda s: isinstance(s, PartitionSpec))
     if flat_specs is None:
         raise MeshError(requires("shard_map", f"{what} that is a pytree prefix of the "
                                  f"{'arguments' if what == 'in_specs' else 'results'}", what, specs)
                         + f"; the {'arguments' if what == 'in_specs' else 'results'} have structure {tree}")
-    return [(what + pytree.keystr(path), leaf, spec) for (path, leaf), spec in zip(pairs, flat_specs, strict=True)]
+    keystr = _torch.pytree.keystr
+    return [(what + keystr(path), leaf, spec) for (path, leaf), spec in zip(pairs, flat_specs, strict=True)]
 
 
 def _spec_axes(spec: PartitionSpec) -> frozenset[str]:
@@ -386,7 +384,7 @@ def _leaves(what: str, specs: Any, values: Any) -> tuple[list[tuple[str, Any, Pa
             return [(f"{what}[{i}]", v, specs) for i, v in enumerate(values)], ()
         if type(specs) is tuple and len(values) == len(specs) and all(isinstance(p, PartitionSpec) for p in specs):
             return [(f"{what}[{i}]", v, p) for i, (v, p) in enumerate(zip(values, specs, strict=True))], ()
-    return _prefix(what, specs, values), pytree.tree_structure(values)
+    return _prefix(what, specs, values), _torch.pytree.tree_structure(values)
 
 
 def _rebuild(leaves: list[Any], tree: Any) -> Any:
@@ -394,7 +392,7 @@ def _rebuild(leaves: list[Any], tree: Any) -> Any:
         return leaves[0]
     if tree == ():
         return tuple(leaves)
-    return pytree.tree_unflatten(leaves, tree)
+    return _torch.pytree.tree_unflatten(leaves, tree)
 
 
 class _Plan:

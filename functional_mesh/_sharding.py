@@ -30,8 +30,8 @@ from typing import Any
 import attrs
 
 from ._errors import MeshError, requires
-from ._validate import Frozen, as_int
 from ._mesh import Mesh, axis_position
+from ._validate import Frozen, as_int
 
 __all__ = ["P", "NamedSharding", "PartitionSpec", "global_shape_of", "placement_plan", "spec_from_plan"]
 

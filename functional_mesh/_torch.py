@@ -14,6 +14,10 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
 - ``DeviceMesh._flatten_mapping``, ``_pg_registry``, ``_dim_group_names``, ``_layout.collapse()``,
   ``_MeshLayout`` and ``DeviceMesh(_layout=, _rank_map=, _root_mesh=, _init_backend=False)``, to
   hand torch the product groups realize made when it flattens a mesh itself;
+- ``distributed_c10d._get_default_group()`` and ``_get_default_store()``;
+- ``torch._ops.OpOverload``/``OpOverloadPacket`` (``namespace``, ``name()``, ``_qualified_op_name``),
+  to tell custom ops from aten ops;
+- ``torch.utils._pytree`` (re-exported here as ``pytree``) for argument trees;
 - ``torch._C._is_torch_function_mode_enabled()``, to let a ``shard_map`` region see the
   collectives that have no tensor operand (``axis_index``, ``axis_size``).
 
@@ -29,15 +33,15 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.utils._pytree as pytree
 from torch.distributed._mesh_layout import _MeshLayout
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.placement_types import _StridedShard
 
 from ._errors import MeshError, requires
 
-__all__ = ["PlacementPlan", "device_mesh_from_groups", "from_placements", "global_rank", "group_members",
-           "mesh_parts", "register_flattened", "set_group_desc", "to_placements", "torch_function_mode_active"]
+__all__ = ["PlacementPlan", "default_group", "default_store", "device_mesh_from_groups", "from_placements",
+           "global_rank", "group_members", "mesh_parts", "op_overload_name", "pytree", "register_flattened",
+           "set_group_desc", "to_placements", "torch_function_mode_active"]
 
 # Per mesh axis: None (replicated) or (tensor dim, split factor): a factor of None is Shard(dim),
 # an int is _StridedShard(dim, split_factor=factor). Built by functional_mesh._sharding.placement_plan.
@@ -46,12 +50,19 @@ PlacementPlan = tuple[tuple[int, int | None] | None, ...]
 
 def to_placements(plan: PlacementPlan) -> tuple[Any, ...]:
     """DTensor placements for a placement plan, one per mesh axis."""
+    # DTensor is imported on first use: it costs ~0.6 s, and realize and the collectives never need it
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
     return tuple(Replicate() if p is None else Shard(p[0]) if p[1] is None else _StridedShard(p[0], split_factor=p[1])
                  for p in plan)
 
 
 def from_placements(api: str, placements: Sequence[Any], mesh: Any = None) -> PlacementPlan:
     """The placement plan of DTensor placements; a ``Partial`` (a pending reduction) is a ``MeshError``."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
     plan: list[tuple[int, int | None] | None] = []
     for placement in placements:
         if isinstance(placement, _StridedShard):  # a subclass of Shard on some torch versions: test it first
@@ -65,6 +76,25 @@ def from_placements(api: str, placements: Sequence[Any], mesh: Any = None) -> Pl
                                      "redistribute it to Replicate first)", "placement", placement,
                                      "Shard, _StridedShard, Replicate"), mesh=mesh)
     return tuple(plan)
+
+
+def default_group() -> Any:
+    """The default process group (``distributed_c10d._get_default_group``, private)."""
+    return dist.distributed_c10d._get_default_group()
+
+
+def default_store() -> Any:
+    """The default group's store (``distributed_c10d._get_default_store``, private)."""
+    return dist.distributed_c10d._get_default_store()
+
+
+def op_overload_name(func: Any) -> tuple[str, str] | None:
+    """``(namespace, "namespace::op")`` of a ``torch.ops.<namespace>.<op>`` callable, else ``None``."""
+    if isinstance(func, torch._ops.OpOverloadPacket):
+        return func._qualified_op_name.split("::")[0], func._qualified_op_name
+    if isinstance(func, torch._ops.OpOverload):
+        return func.namespace, func.name()
+    return None
 
 
 def torch_function_mode_active() -> bool:

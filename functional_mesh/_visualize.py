@@ -31,9 +31,9 @@ import numpy as np
 
 from . import _layout as L
 from ._errors import MeshError, requires, unknown_axis
-from ._validate import as_int
 from ._mesh import Mesh, axis_layouts, family_modes
 from ._sharding import NamedSharding, global_shape_of
+from ._validate import as_int
 
 __all__ = ["visualize", "visualize_sharding"]
 
