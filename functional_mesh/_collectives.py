@@ -42,7 +42,7 @@ from torch.overrides import handle_torch_function, has_torch_function
 from . import _torch
 from ._agree import _agree, _next_call
 from ._errors import MeshError, requires
-from ._handle import RealizedMesh, resolve_mesh
+from ._handle import Hop, RealizedMesh, hop_of, resolve_mesh
 from ._mesh import axis_position
 from ._realize_plan import check_timeout_seconds
 from ._validate import as_bool, as_dim, as_int, as_name_tuple, check_unique
@@ -61,8 +61,8 @@ _CHECK_MODES = {"1": "group", "group": "group", "mesh": "mesh"}  # setting -> pa
 class Call:
     """One public collective call, resolved: its mesh, operand and axes, validated in one place.
 
-    ``groups`` is the communication plan: ``[(group, size, axes)]``, the product group when the
-    cache holds it, else one per axis (outermost first).
+    ``groups()`` is the communication plan: the product group when the cache holds it, else one
+    group per axis (outermost first).
     """
 
     api: str
@@ -78,15 +78,19 @@ class Call:
             raise MeshError(requires(self.api, "a rank that belongs to the mesh", "rank", rm.rank,
                                      f"devices {rm.mesh.device_list.describe()}"), mesh=rm.mesh)
 
-    def groups(self) -> list[tuple[Any, int, tuple[str, ...]]]:
+    def groups(self) -> list[Hop]:
+        """The groups to talk over: the product group when realized, else one per axis (outermost first)."""
         self.member()
         rm, names = self.rm, self.names
         if len(names) > 1 and rm.has_group(names):
-            return [(rm.group(names), math.prod(rm.axis_size(n) for n in names), names)]
-        return [(rm.group(n), rm.axis_size(n), (n,)) for n in names]
+            return [hop_of(rm, names, self.api)]
+        return [hop_of(rm, n, self.api) for n in names]
 
     def size(self) -> int:
-        return math.prod(self.rm.axis_size(n) for n in self.names)
+        size = 1
+        for n in self.names:
+            size *= self.rm.axis_size(n)
+        return size
 
     def fail(self, rule: str, name: str, value: object) -> MeshError:
         return MeshError(requires(self.api, rule, name, value), mesh=self.rm.mesh)
@@ -162,78 +166,88 @@ def _check(call: Call, params: str = "") -> _Check | None:
                                  "mesh agrees)"), mesh=rm.mesh)
     if rm.backend == "fake":  # fake collectives carry no data: nothing to compare
         return None
+    if torch.compiler.is_compiling():  # the agreement talks to the store: it cannot be part of a graph
+        raise MeshError(requires(api, f"${CHECK_COLLECTIVES_ENV} off under torch.compile (the collective check runs "
+                                 "in eager mode only)", CHECK_COLLECTIVES_ENV, setting, "'0' or unset")
+                        + "; run the program eagerly to check it, then compile it with the check off", mesh=rm.mesh)
     return _Check(api, rm, names, _CHECK_MODES[setting], setting, params)
 
 
-# -- autograd functions over one group ----------------------------------------------------------
+# -- one step of communication, and its autograd function ---------------------------------------------
+#
+# A step is a tuple of constants: its kind, then the group *name* and plain ints. torch.compile
+# traces an autograd.Function whose arguments are tensors and constants, and torch's functional
+# collectives (``torch.ops._c10d_functional``, reached through ``_torch``) take groups by name;
+# so every collective below traces without a graph break. The debug check is a Python callable
+# and exists only in eager mode (``_check`` refuses it under compile).
 
 
-def _all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
-    y = x.clone()
-    dist.all_reduce(y, group=group)
-    return y
-
-
-def _gather(x: torch.Tensor, group: Any, n: int, dim: int) -> torch.Tensor:
-    """Concatenate every member's ``x`` along ``dim``, in group-rank (= mesh) order."""
-    front = x.movedim(dim, 0).contiguous()
-    out = front.new_empty((n * front.shape[0], *front.shape[1:]))
-    dist.all_gather_single(out, front, group=group)
-    return out.movedim(0, dim)
-
-
-def _scatter(x: torch.Tensor, group: Any, n: int, dim: int) -> torch.Tensor:
-    """Sum over members, and keep this member's ``1/n`` slice of ``dim`` (mesh order)."""
-    front = x.movedim(dim, 0).contiguous()
-    out = front.new_empty((front.shape[0] // n, *front.shape[1:]))
-    dist.reduce_scatter_single(out, front, group=group)
-    return out.movedim(0, dim)
-
-
-def _slice_of(x: torch.Tensor, group: Any, n: int, dim: int) -> torch.Tensor:
-    """This member's ``1/n`` block of ``dim`` (mesh order), without communication."""
-    size = x.shape[dim] // n
-    return x.narrow(dim, dist.get_rank(group) * size, size).contiguous()
-
-
-def _exchange(x: torch.Tensor, group: Any, n: int, split_dim: int, concat_dim: int) -> torch.Tensor:
-    """Chunk ``i`` of ``split_dim`` goes to member ``i``; received chunks concatenate on ``concat_dim``."""
-    chunks = x.movedim(split_dim, 0)
-    chunks = chunks.reshape(n, chunks.shape[0] // n, *chunks.shape[1:]).contiguous()
-    out = torch.empty_like(chunks)
-    dist.all_to_all_single(out, chunks, group=group)
-    # out[j] is member j's chunk for us, still with split_dim in front
-    pieces = [out[j].movedim(0, split_dim) for j in range(n)]
-    return torch.cat(pieces, dim=concat_dim)
+def _run(step: tuple | None, x: torch.Tensor) -> torch.Tensor:
+    """Carry out one step on ``x`` (``None``: the identity, as a new tensor)."""
+    if step is None:
+        return x.view_as(x)
+    kind = step[0]
+    if kind == "all_reduce":
+        return _torch.all_reduce(x, step[1])
+    if kind == "gather":  # every member's x along dim, in group-rank (= mesh) order
+        _, name, n, dim = step
+        return _torch.all_gather(x.movedim(dim, 0).contiguous(), n, name).movedim(0, dim)
+    if kind == "scatter":  # the sum over members, this member's 1/n block of dim
+        _, name, n, dim = step
+        return _torch.reduce_scatter(x.movedim(dim, 0).contiguous(), n, name).movedim(0, dim)
+    if kind == "slice":  # this member's 1/n block of dim, without communication
+        _, n, dim, index = step
+        size = x.shape[dim] // n
+        return x.narrow(dim, index * size, size).contiguous()
+    if kind == "exchange":  # chunk i of split_dim to member i; arrivals concatenated on concat_dim
+        _, name, n, split_dim, concat_dim = step
+        chunks = x.movedim(split_dim, 0)
+        chunks = chunks.reshape(n, chunks.shape[0] // n, *chunks.shape[1:]).contiguous()
+        out = _torch.all_to_all(chunks, [1] * n, [1] * n, name)  # out[j]: member j's chunk for us
+        return torch.cat([out[j].movedim(0, split_dim) for j in range(n)], dim=concat_dim)
+    if kind == "permute":  # send to d for (me, d), receive from s for (s, me); nothing received: zeros
+        _, name, n, me, pairs = step
+        dest = [d for src, d in pairs if src == me] or [me]  # a rank with nothing to send sends to itself,
+        source = [src for src, d in pairs if d == me]  # so no rank's buffer is empty (torch's fake backend
+        flat = x.reshape(-1)  # refuses an empty one); that block is dropped below
+        numel = flat.numel()
+        sent = [numel if j == dest[0] else 0 for j in range(n)]
+        got = [numel * ((j in source) + (j == me and dest[0] == me and me not in source)) for j in range(n)]
+        out = _torch.all_to_all(flat, got, sent, name)
+        if not source:
+            return torch.zeros_like(x)
+        start = sum(got[:source[0]])
+        return out[start:start + numel].reshape(x.shape)
+    raise AssertionError(f"unknown step {kind!r}")  # pragma: no cover - the steps are ours
 
 
 class _Comm(torch.autograd.Function):
-    """``forward(x)`` with ``backward(grad)`` as its autograd rule; ``None`` on a side is the identity.
-
-    ``where`` says who communicates (``{"group": pg}`` or ``{"members": ranks}``) for the debug
-    check, which runs before each side that communicates.
-    """
+    """``forward`` then ``backward`` steps as one autograd node; ``check`` (eager debug mode) runs
+    before each side that communicates."""
 
     @staticmethod
-    def forward(ctx, x, forward, backward, check, axes, where):
-        ctx.backward, ctx.check, ctx.axes, ctx.where = backward, check, axes, where
-        if forward is None:
-            return x.view_as(x)
-        if check:
-            check(x, axes, **where)
-        return forward(x)
+    def forward(ctx, x, forward, backward, check):
+        ctx.backward, ctx.check = backward, check
+        if check is not None and forward is not None:
+            check(x, backward=False)
+        return _run(forward, x)
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.backward is not None:
-            if ctx.check:
-                ctx.check(grad, ctx.axes, backward=True, **ctx.where)
-            grad = ctx.backward(grad)
-        return grad, None, None, None, None, None
+        if ctx.backward is None:
+            return grad, None, None, None
+        if ctx.check is not None:
+            ctx.check(grad, backward=True)
+        return _run(ctx.backward, grad), None, None, None
+
+
+def _apply(x: torch.Tensor, forward: tuple | None, backward: tuple | None, check: Any, hop: Hop) -> torch.Tensor:
+    bound = partial(check, axes=hop.axes, group=hop.pg) if check is not None else None
+    return _Comm.apply(x, forward, backward, bound)
 
 
 def _send_recv(x: torch.Tensor, members: list[int], me: int, pairs: list[tuple[int, int]]) -> torch.Tensor:
-    """Point to point on global ranks: send to ``d`` for each ``(me, d)``, receive from ``s`` for ``(s, me)``."""
+    """Point to point on global ranks (a tuple without its product group; eager only)."""
     src = x.contiguous()
     out = torch.zeros_like(src)  # contiguous too: gloo receives only into contiguous tensors
     ops = []
@@ -250,14 +264,31 @@ def _send_recv(x: torch.Tensor, members: list[int], me: int, pairs: list[tuple[i
     return out
 
 
+class _P2P(torch.autograd.Function):
+    """ppermute over a tuple of axes without its product group: point to point (eager only)."""
+
+    @staticmethod
+    def forward(ctx, x, members, me, pairs, check):
+        ctx.members, ctx.me, ctx.pairs, ctx.check = members, me, pairs, check
+        if check is not None:
+            check(x, backward=False)
+        return _send_recv(x, members, me, pairs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.check is not None:
+            ctx.check(grad, backward=True)
+        return _send_recv(grad, ctx.members, ctx.me, [(d, s) for s, d in ctx.pairs]), None, None, None, None
+
+
 # -- public API ----------------------------------------------------------------------------------
 
 
 def _psum(call: Call) -> torch.Tensor:
     x, groups = call.x, call.groups()
     check = _check(call)
-    for group, _, axes in groups:
-        x = _Comm.apply(x, partial(_all_reduce, group=group), None, check, axes, {"group": group})
+    for hop in groups:
+        x = _apply(x, ("all_reduce", hop.name), None, check, hop)
     return x
 
 
@@ -283,8 +314,8 @@ def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
     call = resolve_call("pvary", x, axis, mesh)
     x, groups = call.x, call.groups()
     check = _check(call)
-    for group, _, axes in groups:
-        x = _Comm.apply(x, None, partial(_all_reduce, group=group), check, axes, {"group": group})
+    for hop in groups:
+        x = _apply(x, None, ("all_reduce", hop.name), check, hop)
     return x
 
 
@@ -305,9 +336,9 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
         x = x.unsqueeze(as_dim(call.api, x.ndim + 1, dim))
     d = as_dim(call.api, x.ndim, dim)
     check = _check(call, f", dim={d}, tiled={call.tiled}" + (", to='invariant'" if invariant else ""))
-    for group, n, axes in reversed(groups):  # innermost axis first: the outermost ends up major
-        back = partial(_slice_of, group=group, n=n, dim=d) if invariant else partial(_scatter, group=group, n=n, dim=d)
-        x = _Comm.apply(x, partial(_gather, group=group, n=n, dim=d), back, check, axes, {"group": group})
+    for hop in reversed(groups):  # innermost axis first: the outermost ends up major
+        back = ("slice", hop.size, d, hop.index) if invariant else ("scatter", hop.name, hop.size, d)
+        x = _apply(x, ("gather", hop.name, hop.size, d), back, check, hop)
     return x
 
 
@@ -319,14 +350,13 @@ def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, ti
     call = resolve_call("psum_scatter", x, axis, mesh, tiled)
     x, groups = call.x, call.groups()
     d = as_dim(call.api, x.ndim, dim)
-    n = math.prod(size for _, size, _ in groups)
+    n = call.size()
     if (x.shape[d] != n) if not call.tiled else (x.shape[d] % n):
         rule = f"dim {d} of size {n} (tiled=False)" if not call.tiled else f"dim {d} divisible by {n}"
         raise call.fail(rule, f"x.shape[{d}]", x.shape[d])
     check = _check(call, f", dim={d}, tiled={call.tiled}")
-    for group, size, axes in groups:  # outermost axis first
-        x = _Comm.apply(x, partial(_scatter, group=group, n=size, dim=d), partial(_gather, group=group, n=size, dim=d),
-                        check, axes, {"group": group})
+    for hop in groups:  # outermost axis first
+        x = _apply(x, ("scatter", hop.name, hop.size, d), ("gather", hop.name, hop.size, d), check, hop)
     return x if call.tiled else x.squeeze(d)
 
 
@@ -351,11 +381,10 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
     if x.shape[s] % n:
         raise call.fail(f"split_dim divisible by {n}", f"x.shape[{s}]", x.shape[s])
     if len(groups) > 1:
-        return _all_to_all_composed(call, [size for _, size, _ in groups], s, c)
-    (group, _, step), = groups
+        return _all_to_all_composed(call, [hop.size for hop in groups], s, c)
+    (hop,) = groups
     check = _check(call, f", split_dim={s}, concat_dim={c}")
-    return _Comm.apply(x, partial(_exchange, group=group, n=n, split_dim=s, concat_dim=c),
-                       partial(_exchange, group=group, n=n, split_dim=c, concat_dim=s), check, step, {"group": group})
+    return _apply(x, ("exchange", hop.name, n, s, c), ("exchange", hop.name, n, c, s), check, hop)
 
 
 def _all_to_all_composed(call: Call, sizes: list[int], s: int, c: int) -> torch.Tensor:
@@ -402,13 +431,21 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
         return handle_torch_function(ppermute, (x,), x, axis, perm, mesh=mesh)
     call = resolve_call("ppermute", x, axis, mesh)
     call.member()
-    pairs = _permutation(call, perm)
+    pairs = tuple(_permutation(call, perm))
+    check = _check(call, f", perm={list(pairs)}")
+    groups, me = call.groups(), _axis_index(call)
+    if len(groups) == 1:  # one axis, or the product group: one all-to-all with empty blocks (traces)
+        (hop,) = groups
+        inverse = tuple((d, s) for s, d in pairs)
+        forward, backward = ("permute", hop.name, hop.size, me, pairs), ("permute", hop.name, hop.size, me, inverse)
+        return _apply(call.x, forward, backward, check, hop)
+    if torch.compiler.is_compiling():
+        rule = "under torch.compile, one axis or a tuple whose product group was realized"
+        raise MeshError(requires(call.api, rule, "axis", call.names) + f"; pass products=[{call.names!r}] to realize",
+                        mesh=call.rm.mesh)
     members = call.rm.mesh[call.names].group_of(call.rm.rank).reshape(-1).tolist()
-    check = _check(call, f", perm={pairs}")
-    me, inverse = _axis_index(call), [(d, s) for s, d in pairs]
-    return _Comm.apply(call.x, partial(_send_recv, members=members, me=me, pairs=pairs),
-                       partial(_send_recv, members=members, me=me, pairs=inverse), check, call.names,
-                       {"members": members})
+    bound = partial(check, axes=call.names, members=members) if check is not None else None
+    return _P2P.apply(call.x, members, me, list(pairs), bound)
 
 
 def _permutation(call: Call, perm: object) -> list[tuple[int, int]]:

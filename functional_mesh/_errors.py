@@ -26,7 +26,9 @@ class MeshError(ValueError):
     __module__ = "functional_mesh"  # tracebacks name the public home: functional_mesh.MeshError
 
     def __init__(self, message: str, *, mesh: Any = None) -> None:
-        super().__init__(message)
+        # BaseException.__new__ has already stored ``message`` in ``args``; not calling
+        # super().__init__ keeps the constructor traceable by torch.compile, so a MeshError raised
+        # at trace time reaches the user (inside torch's error, with fullgraph=True) with its text.
         self.mesh = mesh
 
 

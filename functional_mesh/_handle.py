@@ -10,9 +10,8 @@ process group: its torch ``DeviceMesh`` wraps the groups realize made.
 from __future__ import annotations
 
 import contextvars
-import operator
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -22,14 +21,25 @@ from ._errors import MeshError, requires
 from ._mesh import Mesh, axis_position
 from ._validate import Frozen, as_name_tuple
 
-__all__ = ["RealizedMesh", "current_mesh", "resolve_mesh"]
+__all__ = ["Hop", "RealizedMesh", "current_mesh", "hop_of", "resolve_mesh"]
 
 _CURRENT: contextvars.ContextVar[tuple[RealizedMesh, ...]] = contextvars.ContextVar("functional_mesh_current",
                                                                                      default=())
 
 
+# The same meshes, for torch.compile: it cannot trace ContextVar.get, but it reads (and guards
+# on) a module-level list. Compiled code sees the innermost `with rm:` of the process.
+_ENTERED: list[RealizedMesh] = []
+
+
 def current_mesh() -> RealizedMesh | None:
-    """The innermost ``with rm:`` mesh of this thread/task, or ``None``."""
+    """The innermost ``with rm:`` mesh of this thread/task, or ``None``.
+
+    Under ``torch.compile``: the innermost ``with rm:`` of the process (enter it outside the
+    compiled function; threads that enter different meshes should pass ``mesh=`` instead).
+    """
+    if torch.compiler.is_compiling():
+        return _ENTERED[-1] if _ENTERED else None
     stack = _CURRENT.get()
     return stack[-1] if stack else None
 
@@ -48,8 +58,12 @@ def resolve_mesh(api: str, mesh: object) -> RealizedMesh:
 
 
 def _read_only(slot: str, doc: str) -> Any:
-    """A property that reads ``slot`` and has no setter."""
-    return property(operator.attrgetter(slot), doc=doc)
+    """A property that reads ``slot`` and has no setter (a plain function: torch.compile traces it)."""
+
+    def read(self: Any) -> Any:
+        return getattr(self, slot)
+
+    return property(read, doc=doc)
 
 
 class RealizedMesh(Frozen):
@@ -67,7 +81,7 @@ class RealizedMesh(Frozen):
     """
 
     __slots__ = ("_mesh", "_device_type", "_backend", "_rank", "_coordinate", "_groups", "_epoch", "_root",
-                 "_device_mesh")
+                 "_device_mesh", "_sizes", "_index", "_hops")
 
     def __init__(self, mesh: Mesh, device_type: str, backend: str, groups: dict[Any, Any], rank: int,
                  epoch: int, root: RealizedMesh | None) -> None:
@@ -77,6 +91,12 @@ class RealizedMesh(Frozen):
                   "_epoch": epoch,  # the cache epoch the groups belong to
                   "_root": root,  # the realized mesh this one was selected from (None: it is a root)
                   "_device_mesh": None}  # built on first use
+        # Plain dicts of ints and strings, computed once: what the collectives read per call, so
+        # torch.compile traces dictionary lookups, not the mesh algebra.
+        coordinate = fields["_coordinate"]
+        fields["_sizes"] = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
+        fields["_index"] = {} if coordinate is None else dict(zip(mesh.axis_names, coordinate, strict=True))
+        fields["_hops"] = {key: _hop(key, pg, fields["_sizes"], fields["_index"]) for key, pg in groups.items()}
         for name, value in fields.items():
             object.__setattr__(self, name, value)
 
@@ -99,7 +119,8 @@ class RealizedMesh(Frozen):
 
     def axis_size(self, axis: str) -> int:
         """Size of ``axis`` (no communication)."""
-        return self._mesh.axis_size(axis)
+        size = self._sizes.get(axis) if isinstance(axis, str) else None
+        return self._mesh.axis_size(axis) if size is None else size  # the mesh raises the error
 
     def group(self, axis: str | Sequence[str]) -> Any:
         """This rank's ``ProcessGroup`` for ``axis`` (``None`` when this rank is outside the mesh).
@@ -141,6 +162,9 @@ class RealizedMesh(Frozen):
 
     def local_rank(self, axis: str) -> int:
         """This rank's index along ``axis`` (its coordinate; also its group rank)."""
+        index = self._index.get(axis) if isinstance(axis, str) else None
+        if index is not None:
+            return index
         i = axis_position(self._mesh, axis, "RealizedMesh.local_rank")
         if self._coordinate is None:
             raise MeshError(requires("RealizedMesh.local_rank", "a rank that belongs to the mesh", "rank",
@@ -202,12 +226,17 @@ class RealizedMesh(Frozen):
     def __enter__(self) -> RealizedMesh:
         self._check_alive("with RealizedMesh")
         _CURRENT.set(_CURRENT.get() + (self,))
+        _ENTERED.append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         # The stack is per thread/task (a context variable), so no token is kept on the shared
         # object: two threads may enter and leave the same realized mesh in any order.
         _CURRENT.set(_CURRENT.get()[:-1])
+        for i in range(len(_ENTERED) - 1, -1, -1):  # this mesh's last entry (threads may interleave)
+            if _ENTERED[i] is self:
+                del _ENTERED[i]
+                break
 
     def __reduce__(self):
         raise TypeError(
@@ -218,6 +247,35 @@ class RealizedMesh(Frozen):
     def __repr__(self) -> str:
         where = "outside the mesh" if self._coordinate is None else f"coordinate {self._coordinate}"
         return f"RealizedMesh({self._mesh!r}, {self._backend}, rank {self._rank}: {where})"
+
+
+class Hop(NamedTuple):
+    """A group a collective talks over: an axis's, or a product's (axes first-major)."""
+
+    pg: Any  # the ProcessGroup (None on ranks outside the mesh)
+    name: str | None  # its group name, what torch's functional collectives take
+    size: int
+    axes: tuple[str, ...]
+    index: int | None  # this rank's index in it: its coordinate along ``axes``, first axis major
+
+
+def _hop(key: str | tuple[str, ...], pg: Any, sizes: dict[str, int], index: dict[str, int]) -> Hop:
+    axes = (key,) if isinstance(key, str) else key
+    size, at = 1, 0
+    for a in axes:
+        size *= sizes[a]
+        at = at * sizes[a] + index[a] if index else 0
+    return Hop(pg, None if pg is None else _torch.group_name(pg), size, axes, at if index else None)
+
+
+def hop_of(rm: RealizedMesh, key: str | tuple[str, ...], api: str) -> Hop:
+    """The group of one axis (a name) or of a realized product (a tuple), as the collectives use it."""
+    rm._check_alive(api)
+    hop = rm._hops.get(key)
+    if hop is None:  # not realized: the handle's own error
+        rm._group_of(key, api) if isinstance(key, str) else rm.group(key)
+        raise AssertionError(f"no hop for {key!r}")  # pragma: no cover - _group_of raised
+    return hop
 
 
 def _in_order(names: tuple[str, ...], root_names: tuple[str, ...]) -> bool:

@@ -18,6 +18,8 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
 - ``torch._ops.OpOverload``/``OpOverloadPacket`` (``namespace``, ``name()``, ``_qualified_op_name``),
   to tell custom ops from aten ops;
 - ``torch.utils._pytree`` (re-exported here as ``pytree``) for argument trees;
+- ``torch.ops._c10d_functional`` (``all_reduce``, ``all_gather_into_tensor``,
+  ``reduce_scatter_tensor``, ``all_to_all_single``, ``wait_tensor``): the collectives, by group name;
 - ``torch._C._is_torch_function_mode_enabled()``, to let a ``shard_map`` region see the
   collectives that have no tensor operand (``axis_index``, ``axis_size``).
 
@@ -39,9 +41,10 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ._errors import MeshError, requires
 
-__all__ = ["PlacementPlan", "default_group", "default_store", "device_mesh_from_groups", "from_placements",
-           "global_rank", "group_members", "mesh_parts", "op_overload_name", "pytree", "register_flattened",
-           "set_group_desc", "to_placements", "torch_function_mode_active"]
+__all__ = ["PlacementPlan", "all_gather", "all_reduce", "all_to_all", "default_group", "default_store",
+           "device_mesh_from_groups", "from_placements", "global_rank", "group_members", "group_name", "mesh_parts",
+           "op_overload_name", "pytree", "reduce_scatter", "register_flattened", "set_group_desc", "to_placements",
+           "torch_function_mode_active"]
 
 # Per mesh axis: None (replicated) or (tensor dim, split factor): a factor of None is Shard(dim),
 # an int is _StridedShard(dim, split_factor=factor). Built by functional_mesh._sharding.placement_plan.
@@ -76,6 +79,34 @@ def from_placements(api: str, placements: Sequence[Any], mesh: Any = None) -> Pl
                                      "redistribute it to Replicate first)", "placement", placement,
                                      "Shard, _StridedShard, Replicate"), mesh=mesh)
     return tuple(plan)
+
+
+_C10D = torch.ops._c10d_functional  # functional collectives by group name: what torch.compile traces
+
+
+def all_reduce(x: torch.Tensor, name: str) -> torch.Tensor:
+    """The sum over the group named ``name`` (a new tensor)."""
+    return _C10D.wait_tensor(_C10D.all_reduce(x, "sum", name))
+
+
+def all_gather(x: torch.Tensor, n: int, name: str) -> torch.Tensor:
+    """Every member's ``x`` concatenated along dim 0, in group-rank order."""
+    return _C10D.wait_tensor(_C10D.all_gather_into_tensor(x, n, name))
+
+
+def reduce_scatter(x: torch.Tensor, n: int, name: str) -> torch.Tensor:
+    """The sum over the group, this member's ``1/n`` block of dim 0."""
+    return _C10D.wait_tensor(_C10D.reduce_scatter_tensor(x, "sum", n, name))
+
+
+def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], name: str) -> torch.Tensor:
+    """Block ``j`` of dim 0 (``in_splits[j]`` rows) to member ``j``; arrivals in member order."""
+    return _C10D.wait_tensor(_C10D.all_to_all_single(x, out_splits, in_splits, name))
+
+
+def group_name(pg: Any) -> str:
+    """The name functional collectives know a group by."""
+    return pg.group_name
 
 
 def default_group() -> Any:

@@ -52,8 +52,8 @@ def test_random_ops_and_dropout_only_when_it_draws():
 
 
 def test_custom_ops_cannot_be_typed_but_aten_ops_can():
-    assert R.is_untypeable(torch.ops.c10d_functional.all_reduce.default) if hasattr(torch.ops, "c10d_functional") \
-        else True
+    assert R.is_untypeable(torch.ops._c10d_functional.all_reduce.default)
+    assert R.is_untypeable(torch.ops._c10d_functional.all_reduce)
     assert not R.is_untypeable(torch.ops.aten.add.Tensor)
     assert not R.is_untypeable(torch.add)
 
