@@ -67,6 +67,35 @@ def alternate(sides: Sequence[str], rounds: int) -> Iterator[str]:
         yield from (sides if r % 2 == 0 else reversed(sides))
 
 
+def rotated_samples(calls: dict[str, Callable[[], Any]], reps: int, warmup: int) -> dict[str, list[int]]:
+    """Per call, ``reps`` timings (ns) of one call each, taken round-robin in a rotating order.
+
+    ``dist.barrier()`` before each call lines the ranks up (a collective's time is the slowest
+    rank's); every series comes first, second, ... equally often; warm-up rounds are dropped;
+    the cyclic GC is off while timing.
+    """
+    import gc
+    import time
+
+    import torch.distributed as dist
+
+    names = list(calls)
+    samples: dict[str, list[int]] = {name: [] for name in names}
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(warmup + reps):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                dist.barrier()
+                t0 = time.perf_counter_ns()
+                calls[name]()
+                if i >= warmup:
+                    samples[name].append(time.perf_counter_ns() - t0)
+    finally:
+        gc.enable()
+    return samples
+
+
 def init_gloo(rank: int, world: int, port: int) -> None:
     import datetime
 

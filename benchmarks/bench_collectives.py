@@ -17,7 +17,6 @@ repetitions dropped. Per rank the median of each series, then the slowest rank.
 
 from __future__ import annotations
 
-import gc
 import statistics
 import sys
 import time
@@ -54,17 +53,7 @@ def psum_worker(rank: int, world: int, port: int, reps: int, warmup: int) -> lis
                 return y
 
             calls = {"psum": lambda x=x, rm=rm: fm.psum(x, "w", mesh=rm), SERIES[1]: base, SERIES[2]: base}
-            samples: dict[str, list[int]] = {name: [] for name in SERIES}
-            gc.collect()
-            gc.disable()
-            for i in range(warmup + reps):
-                for name in SERIES[i % 3:] + SERIES[:i % 3]:  # each series first, second and third alike
-                    dist.barrier()
-                    t0 = time.perf_counter_ns()
-                    calls[name]()
-                    if i >= warmup:
-                        samples[name].append(time.perf_counter_ns() - t0)
-            gc.enable()
+            samples = H.rotated_samples(calls, reps, warmup)
             out.append({"row": f"W={world}, {mesh_name} (group of {rm.axis_size('w')}), {R.fmt(nbytes, 'B')}",
                         "samples": samples})
     dist.barrier()

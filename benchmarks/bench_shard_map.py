@@ -20,7 +20,6 @@ then the slowest rank. Ratios divide medians of the same run.
 
 from __future__ import annotations
 
-import gc
 import statistics
 import sys
 import time
@@ -36,7 +35,6 @@ SERIES = ("hand", "shard_map check_vma=True", "shard_map check_vma=False", "hand
 def step_worker(rank: int, world: int, port: int, reps: int, warmup: int, hidden: int, batch: int) -> dict:
     import torch
     import torch.distributed as dist
-
     from torch.distributed.tensor import DTensor, Replicate
 
     import functional_mesh as fm
@@ -78,17 +76,7 @@ def step_worker(rank: int, world: int, port: int, reps: int, warmup: int, hidden
         return run
 
     calls = {SERIES[0]: hand, SERIES[1]: mapped(True), SERIES[2]: mapped(False), SERIES[3]: hand_dtensor}
-    samples: dict[str, list[int]] = {name: [] for name in SERIES}
-    gc.collect()
-    gc.disable()
-    for i in range(warmup + reps):
-        for name in SERIES[i % len(SERIES):] + SERIES[:i % len(SERIES)]:
-            dist.barrier()
-            t0 = time.perf_counter_ns()
-            calls[name]()
-            if i >= warmup:
-                samples[name].append(time.perf_counter_ns() - t0)
-    gc.enable()
+    samples = H.rotated_samples(calls, reps, warmup)
     dist.barrier()
     fm.clear_cache()
     dist.destroy_process_group()

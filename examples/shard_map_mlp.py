@@ -49,19 +49,26 @@ def mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     return fm.psum(h @ w2, "tp")
 
 
-def reference(steps: int) -> tuple[list[float], torch.Tensor, torch.Tensor]:
-    w1, w2, x, target = full_problem()
-    w1.requires_grad_()
-    w2.requires_grad_()
+def train(forward, target: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, steps: int) -> list[float]:
+    """Plain SGD on the mean squared error of ``forward(w1, w2)`` (full tensors or DTensors alike)."""
     losses = []
     for _ in range(steps):
-        loss = ((torch.relu(x @ w1) @ w2 - target) ** 2).mean()
+        loss = ((forward(w1, w2) - target) ** 2).mean()
         loss.backward()
         with torch.no_grad():
             w1 -= LR * w1.grad
             w2 -= LR * w2.grad
         w1.grad = w2.grad = None
         losses.append(loss.item())
+    return losses
+
+
+def reference(steps: int) -> tuple[list[float], torch.Tensor, torch.Tensor]:
+    """One process, the full model on the full batch."""
+    w1, w2, x, target = full_problem()
+    w1.requires_grad_()
+    w2.requires_grad_()
+    losses = train(lambda a, b: torch.relu(x @ a) @ b, target, w1, w2, steps)
     return losses, w1.detach(), w2.detach()
 
 
@@ -81,16 +88,8 @@ def main() -> None:
     step = fm.shard_map(mlp, in_specs=(P("dp", None), P(None, "tp"), P("tp", None)), out_specs=P("dp", None),
                         mesh=rm, check_vma=not args.untyped)
 
-    losses = []
-    for _ in range(args.steps):
-        y = step(x, w1, w2)  # a DTensor (BATCH, DIM_OUT), rows over dp
-        loss = ((y.full_tensor() - target) ** 2).mean()
-        loss.backward()
-        with torch.no_grad():
-            w1 -= LR * w1.grad
-            w2 -= LR * w2.grad
-        w1.grad = w2.grad = None
-        losses.append(loss.item())
+    # step(...) is a DTensor (BATCH, DIM_OUT), rows over dp; the loss reads all of it
+    losses = train(lambda a, b: step(x, a, b).full_tensor(), target, w1, w2, args.steps)
 
     want_losses, want_w1, want_w2 = reference(args.steps)
     for i, (got, want) in enumerate(zip(losses, want_losses, strict=True)):

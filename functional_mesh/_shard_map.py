@@ -182,12 +182,16 @@ class _Enter(torch.autograd.Function):
 # -- the interpreter ---------------------------------------------------------------------------------
 
 
-class _TypedMode(TorchFunctionMode):
-    """Types every torch op of the region: the table's exception or the default rule, casts first."""
+class _RegionMode(TorchFunctionMode):
+    """A mode that belongs to one region."""
 
     def __init__(self, region: _Region) -> None:
         super().__init__()
         self.region = region
+
+
+class _TypedMode(_RegionMode):
+    """Types every torch op of the region: the table's exception or the default rule, casts first."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -235,12 +239,8 @@ def _operands(args: tuple, kwargs: dict) -> tuple[list[Any], Any]:
     return _torch.pytree.tree_flatten((args, kwargs))
 
 
-class _UntypedMode(TorchFunctionMode):
+class _UntypedMode(_RegionMode):
     """An untyped region sees only the collectives (their untyped gradients); every other op runs as is."""
-
-    def __init__(self, region: _Region) -> None:
-        super().__init__()
-        self.region = region
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
