@@ -202,13 +202,15 @@ class RealizedMesh(Frozen):
             raise MeshError(f"`RealizedMesh.device_mesh` requires a mesh with at least one axis, but got {mesh!r}",
                             mesh=mesh)
         root = self._root
-        if (root is not None and _in_order(mesh.axis_names, root.mesh.axis_names)
-                and all(n in root._groups for n in root.mesh.axis_names)):
+        if root is not None and _in_order(mesh.axis_names, root.mesh.axis_names):
             return root.device_mesh[mesh.axis_names if mesh.ndim > 1 else mesh.axis_names[0]]
         submesh = mesh.group_of(self._rank)
         groups = []
         for i, name in enumerate(mesh.axis_names):
-            pg = self._group_of(name, "RealizedMesh.device_mesh")
+            if name not in self._groups:  # left out by realize(axes=...): a dim without a group
+                groups.append(None)
+                continue
+            pg = self._groups[name]
             index = tuple(slice(None) if j == i else c for j, c in enumerate(self._coordinate))
             row = submesh[index].reshape(-1).tolist()
             members = _torch.group_members(pg)

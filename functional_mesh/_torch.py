@@ -148,11 +148,30 @@ def group_members(pg: Any) -> list[int]:
     return dist.get_process_group_ranks(pg)
 
 
+UNREALIZED_GROUP = "functional_mesh:unrealized:{}"  # a group name torch cannot resolve: the axis has no group
+
+
 def device_mesh_from_groups(groups: Sequence[Any], device_type: str, submesh: np.ndarray,
                             names: tuple[str, ...]) -> DeviceMesh:
-    """A torch ``DeviceMesh`` over existing groups, one per axis (no new group)."""
-    return DeviceMesh.from_group(list(groups), device_type, mesh=torch.from_numpy(np.ascontiguousarray(submesh)),
-                                 mesh_dim_names=names)
+    """A torch ``DeviceMesh`` over existing groups, one per axis (no new group).
+
+    A ``None`` group is an axis left out by ``realize(axes=...)``: the dim has sizes, coordinates and
+    slices like any other, and the name ``functional_mesh:unrealized:<axis>`` where torch keeps its
+    group's name, so anything that asks torch for that group (``get_group``, ``get_local_rank``, a
+    collective, a DTensor redistribution over it) fails naming the axis (private:
+    ``DeviceMesh(_init_backend=False)``, ``_dim_group_names``, ``_pg_registry``, as ``from_group``
+    fills them).
+    """
+    mesh = torch.from_numpy(np.ascontiguousarray(submesh))
+    if all(g is not None for g in groups):
+        return DeviceMesh.from_group(list(groups), device_type, mesh=mesh, mesh_dim_names=names)
+    dm = DeviceMesh(device_type, mesh.to(torch.int), mesh_dim_names=names, _init_backend=False)
+    dm._dim_group_names = [UNREALIZED_GROUP.format(n) if g is None else g.group_name
+                           for g, n in zip(groups, names, strict=True)]
+    for g in groups:
+        if g is not None:
+            dm._pg_registry[g.group_name] = g
+    return dm
 
 
 def register_flattened(root: DeviceMesh, names: tuple[str, ...], pg: Any) -> None:

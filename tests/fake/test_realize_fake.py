@@ -327,10 +327,16 @@ def test_axes_realizes_only_the_named_axes(world):
     rm = fm.realize(mesh, axes=("tp",))
     assert calls["new_group"] == len(rows(mesh, "tp")) == 4  # tp's groups only
     assert rm.group("tp") is not None and rm.coordinate == (1, 0, 1) and rm.local_rank("dp") == 1
-    for use in (lambda: rm.group("dp"), lambda: fm.psum(torch.ones(1), "cp", mesh=rm), lambda: rm.device_mesh):
+    for use in (lambda: rm.group("dp"), lambda: fm.psum(torch.ones(1), "cp", mesh=rm)):
         with pytest.raises(fm.MeshError, match=r"requires an axis whose groups were realized, but got axis='(dp|cp)'"
                                                r"; valid: \('tp',\); realize\(mesh, axes=\.\.\.\) left it out"):
             use()
+    # torch's mesh has every dim (sizes, coordinates, slices), but the left-out ones have no group
+    dm = rm.device_mesh
+    assert dm.mesh_dim_names == ("dp", "cp", "tp") and tuple(dm.get_coordinate()) == (1, 0, 1)
+    assert dm.get_group("tp") is rm.group("tp")
+    with pytest.raises(RuntimeError, match="functional_mesh:unrealized:dp"):
+        dm.get_group("dp")
     assert rm["tp"].device_mesh.mesh_dim_names == ("tp",)  # a selection of realized axes is usable
     fm.realize(mesh)  # the rest, later: tp is a cache hit
     assert calls["new_group"] == 4 + len(rows(mesh, "dp")) + len(rows(mesh, "cp"))
