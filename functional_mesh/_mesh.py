@@ -295,22 +295,24 @@ class Mesh(Frozen):
             name = "_".join(listed)
         if not isinstance(name, str):
             raise TypeError(requires("Mesh.flatten", "one str for name", "name", name))
-        name = as_name_tuple("Mesh.flatten", name, "name")
-        remaining = tuple(n for i, n in enumerate(self._axis_names) if i not in pos)
-        if name[0] in remaining:
-            raise MeshError(
-                requires("Mesh.flatten", "a merged name distinct from the remaining axes", "name", name[0])
-                + f"; remaining axes: {remaining}", mesh=self)
-        merged = L.concat(*(self._layouts[i] for i in pos))
+        (merged_name,) = as_name_tuple("Mesh.flatten", name, "name")
         names: list[str] = []
-        layouts: list[L.Layout] = []
-        for i, (n, lay) in enumerate(zip(self._axis_names, self._layouts, strict=True)):
+        layouts: list[L.Layout | None] = []
+        at = 0
+        for i, n in enumerate(self._axis_names):  # one pass: the merged axis in its first part's place
             if i == pos[0]:
-                names.append(name[0])
-                layouts.append(merged)
+                at = len(names)
+                names.append(merged_name)
+                layouts.append(None)
             elif i not in pos:
                 names.append(n)
-                layouts.append(lay)
+                layouts.append(self._layouts[i])
+        if merged_name in names[:at] or merged_name in names[at + 1:]:
+            remaining = tuple(n for i, n in enumerate(self._axis_names) if i not in pos)
+            raise MeshError(
+                requires("Mesh.flatten", "a merged name distinct from the remaining axes", "name", merged_name)
+                + f"; remaining axes: {remaining}", mesh=self)
+        layouts[at] = L.concat(*(self._layouts[i] for i in pos))
         return self._derive("Mesh.flatten", tuple(names), tuple(layouts), True)
 
     def unflatten(self, axis: str, sizes: Mapping[str, int] | Sequence[tuple[str, int]]) -> Mesh:
@@ -341,7 +343,7 @@ class Mesh(Frozen):
                 requires(api, f"sizes whose product equals the size of axis {axis!r} ({old.size})", "sizes",
                          dict(items)), mesh=self)
         parts = []
-        for size, step in zip(new_sizes, L.row_major_strides(new_sizes), strict=True):
+        for size, step in zip(new_sizes, L.row_major_strides(new_sizes)):  # equal lengths by construction
             try:
                 parts.append(L.Layout._from_modes(L.compose_mode(old, size, step)))
             except MeshError:
@@ -485,7 +487,8 @@ def family_modes(mesh: Mesh) -> L.Modes:
 
 def _row_major_axes(sizes: Sequence[int]) -> tuple[L.Layout, ...]:
     """One layout per axis of a compact row-major grid over ``sizes``."""
-    return tuple(L.Layout._from_modes(((s, d),)) for s, d in zip(sizes, L.row_major_strides(sizes), strict=True))
+    # equal lengths by construction: the strides are computed from the sizes
+    return tuple(L.Layout._from_modes(((s, d),)) for s, d in zip(sizes, L.row_major_strides(sizes)))
 
 
 def _size_items(api: str, sizes: object) -> tuple[tuple[str, int], ...]:
