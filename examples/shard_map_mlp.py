@@ -25,6 +25,7 @@ import argparse
 import os
 
 import torch
+import torch.distributed as dist
 
 import functional_mesh as fm
 from functional_mesh import P
@@ -100,6 +101,8 @@ def main() -> None:
         print(f"mesh {rm.mesh} on {rm.backend}, check_vma={not args.untyped}")
         print("losses " + " ".join(f"{v:.6f}" for v in losses))
         print(f"losses and final weights match a single process to {TOL:g} on every rank")
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

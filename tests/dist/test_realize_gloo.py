@@ -6,9 +6,10 @@ exist). The parent computes the expected values from it; the workers only report
 process groups that realize created actually do. Nothing expected is taken from realize.
 
 Counting groups: c10d names a world group by a counter that every rank bumps on every
-``new_group`` call (``_world.group_count``); local singleton groups get hashed names and do
-not bump it; ``_world.pg_map`` holds the groups this rank is a member of. :func:`plan` turns
-DESIGN.md §5 into those counts from the pure groups alone.
+``new_group`` call (``_world.group_count``); local singleton groups get hashed names and, up
+to torch 2.13, do not bump it (torch >= 2.14 bumps it for them too, DESIGN.md §11.1: every
+rank makes its one singleton group once); ``_world.pg_map`` holds the groups this rank is a
+member of. :func:`plan` turns DESIGN.md §5 into those counts from the pure groups alone.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from tests.dist._settings import CHECK_S, GROUP_TIMEOUT
 
 w8 = pool_fixture(8)
 w4 = pool_fixture(4)
+
+# torch >= 2.14 counts local-synchronisation groups in group_count (DESIGN.md §11.1)
+LOCAL_GROUPS_COUNTED = torch.__version__ >= "2.14"
 
 
 
@@ -77,6 +81,7 @@ def plan(meshes: list[Mesh], world: int, products: dict[int, list] | None = None
     ``cache_info().groups`` (distinct tuples created so far, members or not).
     """
     made: set[tuple[int, ...]] = set()
+    singleton = False  # every rank's own one-rank group, made once at the first size-1 axis
     out = []
     for i, mesh in enumerate(meshes):
         axes = list(mesh.axis_names) + list((products or {}).get(i, []))
@@ -91,6 +96,9 @@ def plan(meshes: list[Mesh], world: int, products: dict[int, list] | None = None
             made.update(missing)
             if len(missing[0]) > 1:
                 world_new += len(missing)
+            elif not singleton:
+                singleton = True
+                world_new += LOCAL_GROUPS_COUNTED
             for r in missing:
                 for member in r:
                     joined[member] += 1
@@ -322,7 +330,7 @@ SEQUENCES = {
                 make_mesh((4,), ("tp",), devices=range(4, 8)), M3, M3.flatten(("dp", "cp"), name="dc"), M24],
     # a family half made already: only its missing row is created
     "partial": [make_mesh((4,), ("tp",), devices=range(4, 8)), M24, PERMUTED["tp"]],
-    # 5: size-1 axes are local singletons (no group_count bump), shared across meshes
+    # 5: size-1 axes are local singletons (one group_count bump in all on torch >= 2.14), shared across meshes
     "size-1": [make_mesh((2, 1, 4), ("dp", "sp", "tp")), make_mesh((1, 8), ("one", "w")),
                make_mesh((2, 1), ("a", "b"), devices=[1, 3]), make_mesh((8, 1), ("w", "one"))],
     # 6: the whole world in ascending order is the default group

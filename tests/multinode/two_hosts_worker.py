@@ -225,7 +225,10 @@ def main() -> int:
     seen: set[tuple[int, ...]] = set()
     lines = [_check_case(case, rank, world, per_host, host_of, capture, seen) for case in cases]
     dist.barrier()
-    print("\n".join([*lines, f"{REPORT} rank {rank} ok"]), flush=True)
+    # One write for the whole block, newline included: under PYTHONUNBUFFERED=1 print() writes the
+    # text and its end="\n" separately, and another rank's block can land in between.
+    sys.stdout.write("\n".join([*lines, f"{REPORT} rank {rank} ok"]) + "\n")
+    sys.stdout.flush()
     fm.clear_cache()
     dist.destroy_process_group()
     return 0
