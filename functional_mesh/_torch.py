@@ -3,7 +3,7 @@
 Everything the library hands to torch or reads back from it as a torch object passes here:
 DTensor placements (to and from our placement plan), a ``DeviceMesh`` over groups realize made,
 the layout of an existing ``DeviceMesh``. The private torch names used here, checked on torch
-2.13.0:
+2.13.0 (`make test`) and 2.14.1 (`make compat TORCH=2.14.1`, in CI); the suite ran once on 2.15.0:
 
 - ``torch.distributed.tensor.placement_types._StridedShard(dim, split_factor=)``;
 - ``DeviceMesh._layout`` (per-dim ``shape``/``stride``) and ``DeviceMesh._rank_map``, the CuTe
