@@ -42,13 +42,14 @@ from torch.overrides import handle_torch_function, has_torch_function
 from . import _torch
 from ._agree import _agree, _next_call
 from ._errors import MeshError, requires
-from ._handle import Hop, RealizedMesh, hop_of, resolve_mesh
+from ._handle import Hop, RealizedMesh, hop_of, index_along, resolve_mesh
 from ._mesh import axis_position
 from ._realize_plan import check_timeout_seconds
 from ._validate import as_bool, as_dim, as_int, as_name_tuple, check_unique
 
-__all__ = ["CHECK_COLLECTIVES_ENV", "all_gather", "all_to_all", "as_gather_target", "axis_index", "axis_size", "pcast",
-           "pmean", "ppermute", "psum", "psum_scatter", "pvary", "resolve_call", "Call", "NO_TENSOR"]
+__all__ = ["all_gather", "all_to_all", "as_gather_target", "axis_index", "axis_size", "Call",
+           "CHECK_COLLECTIVES_ENV", "check_pcast_target", "NO_TENSOR", "pcast", "pmean", "ppermute", "psum",
+           "psum_scatter", "pvary", "resolve_call"]
 
 CHECK_COLLECTIVES_ENV = "FUNCTIONAL_MESH_CHECK_COLLECTIVES"
 _CHECK_MODES = {"1": "group", "group": "group", "mesh": "mesh"}  # setting -> participants
@@ -409,9 +410,14 @@ def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
     """JAX's ``pcast``: ``to="varying"`` is :func:`pvary` (the only target supported)."""
     if has_torch_function((x,)):
         return handle_torch_function(pcast, (x,), x, axis, to=to, mesh=mesh)
+    check_pcast_target(to)
+    return pvary(x, axis, mesh=mesh)
+
+
+def check_pcast_target(to: object) -> None:
+    """``pcast``'s ``to=``: only "varying" is supported."""
     if to != "varying":
         raise MeshError(requires("pcast", "a supported target", "to", to, "'varying'"))
-    return pvary(x, axis, mesh=mesh)
 
 
 def as_gather_target(api: str, to: object) -> str:
@@ -469,10 +475,7 @@ def _permutation(call: Call, perm: object) -> list[tuple[int, int]]:
 
 def _axis_index(call: Call) -> int:
     call.member()
-    index = 0
-    for name in call.names:
-        index = index * call.rm.axis_size(name) + call.rm.local_rank(name)
-    return index
+    return index_along(call.rm, call.names)
 
 
 def axis_index(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> int:

@@ -21,7 +21,7 @@ from ._errors import MeshError, requires
 from ._mesh import Mesh, axis_position
 from ._validate import Frozen, as_name_tuple
 
-__all__ = ["Hop", "RealizedMesh", "current_mesh", "hop_of", "resolve_mesh"]
+__all__ = ["Hop", "RealizedMesh", "current_mesh", "hop_of", "index_along", "resolve_mesh"]
 
 _CURRENT: contextvars.ContextVar[tuple[RealizedMesh, ...]] = contextvars.ContextVar("functional_mesh_current",
                                                                                      default=())
@@ -263,11 +263,23 @@ class Hop(NamedTuple):
 
 def _hop(key: str | tuple[str, ...], pg: Any, sizes: dict[str, int], index: dict[str, int]) -> Hop:
     axes = (key,) if isinstance(key, str) else key
-    size, at = 1, 0
+    size = 1
     for a in axes:
         size *= sizes[a]
-        at = at * sizes[a] + index[a] if index else 0
-    return Hop(pg, None if pg is None else _torch.group_name(pg), size, axes, at if index else None)
+    at = _row_major(axes, sizes, index) if index else None
+    return Hop(pg, None if pg is None else _torch.group_name(pg), size, axes, at)
+
+
+def _row_major(axes: tuple[str, ...], sizes: dict[str, int], index: dict[str, int]) -> int:
+    at = 0
+    for a in axes:
+        at = at * sizes[a] + index[a]
+    return at
+
+
+def index_along(rm: RealizedMesh, axes: tuple[str, ...]) -> int:
+    """This rank's index along ``axes`` (row-major, first axis major); the rank must be in the mesh."""
+    return _row_major(axes, rm._sizes, rm._index)
 
 
 def hop_of(rm: RealizedMesh, key: str | tuple[str, ...], api: str) -> Hop:

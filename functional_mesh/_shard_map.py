@@ -122,7 +122,7 @@ def _untyped(func: Any, arguments: dict[str, Any], call: C.Call, rm: RealizedMes
     """A collective in an untyped region: JAX's convention, where ``psum`` transposes to ``psum``."""
     if func in (C.pvary, C.pcast):
         if func is C.pcast:
-            C.pcast(arguments["x"], call.names, to=arguments.get("to", "varying"), mesh=rm)  # validates `to`
+            C.check_pcast_target(arguments.get("to", "varying"))
         return arguments["x"]
     if func in (C.psum, C.pmean):
         y = _SumBack.apply(arguments["x"], call.names, rm)  # backward: psum
