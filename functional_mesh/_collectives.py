@@ -48,7 +48,7 @@ from ._realize_plan import check_timeout_seconds
 from ._validate import as_bool, as_dim, as_int, as_name_tuple, check_unique
 
 __all__ = ["all_gather", "all_to_all", "as_gather_target", "axis_index", "axis_size", "Call",
-           "CHECK_COLLECTIVES_ENV", "check_pcast_target", "NO_TENSOR", "pcast", "pmean", "ppermute", "psum",
+           "CHECK_COLLECTIVES_ENV", "check_pcast_target", "local_block", "NO_TENSOR", "pcast", "pmean", "ppermute", "psum",
            "psum_scatter", "pvary", "resolve_call"]
 
 CHECK_COLLECTIVES_ENV = "FUNCTIONAL_MESH_CHECK_COLLECTIVES"
@@ -199,7 +199,7 @@ def _run(step: tuple | None, x: torch.Tensor) -> torch.Tensor:
     if kind == "slice":  # this member's 1/n block of dim, without communication
         _, n, dim, index = step
         size = x.shape[dim] // n
-        return x.narrow(dim, index * size, size).contiguous()
+        return x.narrow(dim, index * size, size).clone(memory_format=torch.contiguous_format)  # never a view
     if kind == "exchange":  # chunk i of split_dim to member i; arrivals concatenated on concat_dim
         _, name, n, split_dim, concat_dim = step
         chunks = x.movedim(split_dim, 0)
@@ -285,6 +285,15 @@ class _P2P(torch.autograd.Function):
 # -- public API ----------------------------------------------------------------------------------
 
 
+def _routed(x: object) -> bool:
+    """Whether a torch function mode (a shard_map region) or a tensor subclass should see this call.
+
+    Eagerly ``has_torch_function`` answers both; torch.compile answers it for subclasses only,
+    so the mode stack is asked too.
+    """
+    return has_torch_function((x,)) or _torch.torch_function_mode_active()
+
+
 def _psum(call: Call) -> torch.Tensor:
     x, groups = call.x, call.groups()
     check = _check(call)
@@ -295,14 +304,14 @@ def _psum(call: Call) -> torch.Tensor:
 
 def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Sum ``x`` over ``axis``; backward is the identity (the result is replicated over ``axis``)."""
-    if has_torch_function((x,)):  # a shard_map region (or a tensor subclass) types this call as one op
+    if _routed(x):  # a shard_map region (or a tensor subclass) types this call as one op
         return handle_torch_function(psum, (x,), x, axis, mesh=mesh)
     return _psum(resolve_call("psum", x, axis, mesh))
 
 
 def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Mean of ``x`` over ``axis``: ``psum(x) / n``."""
-    if has_torch_function((x,)):  # a shard_map region (or a tensor subclass) types this call as one op
+    if _routed(x):  # a shard_map region (or a tensor subclass) types this call as one op
         return handle_torch_function(pmean, (x,), x, axis, mesh=mesh)
     call = resolve_call("pmean", x, axis, mesh)
     return _psum(call) / call.size()
@@ -310,7 +319,7 @@ def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
 
 def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Identity forward, ``psum`` backward: mark a replicated value entering ``axis``-varying compute."""
-    if has_torch_function((x,)):  # a shard_map region (or a tensor subclass) types this call as one op
+    if _routed(x):  # a shard_map region (or a tensor subclass) types this call as one op
         return handle_torch_function(pvary, (x,), x, axis, mesh=mesh)
     call = resolve_call("pvary", x, axis, mesh)
     x, groups = call.x, call.groups()
@@ -328,7 +337,7 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
     differ). ``to="invariant"`` (JAX's spelling ``"invarying"`` too): the result is the same on
     every member, so is its cotangent, and backward keeps this member's slice (no communication).
     """
-    if has_torch_function((x,)):  # a shard_map region (or a tensor subclass) types this call as one op
+    if _routed(x):  # a shard_map region (or a tensor subclass) types this call as one op
         return handle_torch_function(all_gather, (x,), x, axis, dim=dim, tiled=tiled, to=to, mesh=mesh)
     call = resolve_call("all_gather", x, axis, mesh, tiled)
     invariant = as_gather_target(call.api, to) == "invariant"
@@ -346,7 +355,7 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
 def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tiled: bool = True,
                  mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Sum over ``axis`` and keep this member's block of ``dim`` (mesh order); untiled drops ``dim``."""
-    if has_torch_function((x,)):  # a shard_map region (or a tensor subclass) types this call as one op
+    if _routed(x):  # a shard_map region (or a tensor subclass) types this call as one op
         return handle_torch_function(psum_scatter, (x,), x, axis, dim=dim, tiled=tiled, mesh=mesh)
     call = resolve_call("psum_scatter", x, axis, mesh, tiled)
     x, groups = call.x, call.groups()
@@ -366,7 +375,7 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
     """Split ``split_dim`` into one block per member, send block ``i`` to member ``i``, and
     concatenate what arrives along ``concat_dim`` (mesh order). Untiled: ``split_dim`` must have
     size ``n`` and is removed; a new ``concat_dim`` of size ``n`` stacks the arrivals."""
-    if has_torch_function((x,)):  # a shard_map region (or a tensor subclass) types this call as one op
+    if _routed(x):  # a shard_map region (or a tensor subclass) types this call as one op
         return handle_torch_function(all_to_all, (x,), x, axis, split_dim, concat_dim, tiled=tiled, mesh=mesh)
     call = resolve_call("all_to_all", x, axis, mesh, tiled)
     x, groups = call.x, call.groups()
@@ -408,7 +417,7 @@ def _all_to_all_composed(call: Call, sizes: list[int], s: int, c: int) -> torch.
 def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
           mesh: RealizedMesh | None = None) -> torch.Tensor:
     """JAX's ``pcast``: ``to="varying"`` is :func:`pvary` (the only target supported)."""
-    if has_torch_function((x,)):
+    if _routed(x):
         return handle_torch_function(pcast, (x,), x, axis, to=to, mesh=mesh)
     check_pcast_target(to)
     return pvary(x, axis, mesh=mesh)
@@ -433,7 +442,7 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
              mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Send ``x`` from axis index ``s`` to ``d`` for each ``(s, d)`` in ``perm``; ranks that
     receive nothing get zeros. Backward sends gradients along the inverse permutation."""
-    if has_torch_function((x,)):  # a shard_map region (or a tensor subclass) types this call as one op
+    if _routed(x):  # a shard_map region (or a tensor subclass) types this call as one op
         return handle_torch_function(ppermute, (x,), x, axis, perm, mesh=mesh)
     call = resolve_call("ppermute", x, axis, mesh)
     call.member()
@@ -452,6 +461,20 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
     members = call.rm.mesh[call.names].group_of(call.rm.rank).reshape(-1).tolist()
     bound = partial(check, axes=call.names, members=members) if check is not None else None
     return _P2P.apply(call.x, members, me, list(pairs), bound)
+
+
+def local_block(x: torch.Tensor, axis: str | Sequence[str], dim: int, *, mesh: RealizedMesh) -> torch.Tensor:
+    """This rank's block of ``x`` along ``dim`` over ``axis`` (a tuple: first axis major), without
+    communication; backward gathers the cotangent (the transpose of ``all_gather(to="invariant")``).
+
+    shard_map's boundary: a full tensor enters a region as its local block (``dim``: a valid,
+    non-negative dim; the boundary's plan checked it).
+    """
+    call = resolve_call("shard_map", x, axis, mesh)
+    x = call.x
+    for hop in call.groups():  # outermost first; backward gathers innermost first
+        x = _apply(x, ("slice", hop.size, dim, hop.index), ("gather", hop.name, hop.size, dim), None, hop)
+    return x
 
 
 def _permutation(call: Call, perm: object) -> list[tuple[int, int]]:

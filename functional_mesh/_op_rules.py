@@ -19,7 +19,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +27,41 @@ import torch.nn.functional as F
 from . import _collectives as C
 from . import _torch, _vma
 
-__all__ = ["COLLECTIVES", "PASS_THROUGH", "CollectiveSpec", "is_random", "is_untypeable", "written_operand"]
+__all__ = ["COLLECTIVES", "PASS_THROUGH", "CollectiveSpec", "OpKind", "bind", "is_random", "is_untypeable", "op_kind",
+           "written_operand"]
 
 
 _SEEN: set[Any] = set()
+# Each conditional or collective function's parameters, read once at import: a region binds a
+# call's arguments with plain dict work (torch.compile cannot trace inspect.signature).
+_PARAMETERS: dict[Any, tuple[tuple[str, Any, bool], ...]] = {}  # (name, default, may be positional)
+
+
+def _read_parameters(*funcs: Any) -> None:
+    for func in funcs:
+        _PARAMETERS[func] = tuple((p.name, p.default, p.kind is p.POSITIONAL_OR_KEYWORD)
+                                  for p in inspect.signature(func).parameters.values())
+
+
+def bind(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """``func``'s arguments by name, defaults filled in (``func``: a collective or a dropout).
+
+    A call ``func`` itself refuses raises the ``TypeError`` that call raises.
+    """
+    parameters = _PARAMETERS[func]
+    arguments: dict[str, Any] = {}
+    for i, (name, default, positional) in enumerate(parameters):
+        if i < len(args) and positional and name not in kwargs:
+            arguments[name] = args[i]
+        elif i >= len(args) and name in kwargs:
+            arguments[name] = kwargs[name]
+        elif i >= len(args) and default is not inspect.Parameter.empty:
+            arguments[name] = default
+        else:
+            func(*args, **kwargs)  # positional where it may not be, twice, or missing: the call's own error
+    if len(args) > len(parameters) or any(k not in arguments for k in kwargs):
+        func(*args, **kwargs)  # too many or unknown arguments
+    return arguments
 
 
 def _register(table: dict[Any, Any], value: Any, *keys: Any) -> None:
@@ -42,15 +73,15 @@ def _register(table: dict[Any, Any], value: Any, *keys: Any) -> None:
         table[key] = value
 
 
-_PASS: dict[Any, bool] = {}
-PASS_THROUGH = _PASS.keys()
+PASS_THROUGH: dict[Any, bool] = {}
+
 
 _T = torch.Tensor
 _getters = ("shape", "dtype", "device", "requires_grad", "is_leaf", "grad_fn", "ndim", "layout", "is_cuda",
             "is_sparse", "is_quantized", "is_meta", "names", "itemsize", "nbytes", "output_nr", "_version",
             "is_nested", "is_mkldnn")
-_register(_PASS, True, *(getattr(_T, g).__get__ for g in _getters if hasattr(_T, g)))
-_register(_PASS, True, *(getattr(_T, m) for m in (
+_register(PASS_THROUGH, True, *(getattr(_T, g).__get__ for g in _getters if hasattr(_T, g)))
+_register(PASS_THROUGH, True, *(getattr(_T, m) for m in (
     "size", "dim", "numel", "nelement", "stride", "storage_offset", "element_size", "is_contiguous",
     "is_floating_point", "is_complex", "is_signed", "get_device", "data_ptr", "item", "tolist", "__len__",
     "__bool__", "__float__", "__int__", "__index__", "__complex__", "__repr__", "__format__", "__hash__",
@@ -65,9 +96,7 @@ _RANDOM: dict[Any, Callable[..., bool] | None] = {}
 
 def _dropout_is_random(func: Any, args: tuple, kwargs: dict) -> bool:
     """A dropout in eval mode (``training=False``) or with ``p=0`` draws nothing."""
-    bound = inspect.signature(func).bind(*args, **kwargs)
-    bound.apply_defaults()
-    arguments = bound.arguments
+    arguments = bind(func, args, kwargs)
     return bool(arguments.get("training", arguments.get("train", True))) and arguments.get("p", 0.5) != 0
 
 
@@ -75,16 +104,15 @@ _register(_RANDOM, None, torch.rand, torch.randn, torch.randint, torch.rand_like
           torch.randint_like, torch.randperm, torch.normal, torch.bernoulli, torch.poisson, torch.multinomial,
           _T.normal_, _T.uniform_, _T.bernoulli_, _T.bernoulli, _T.exponential_, _T.geometric_, _T.log_normal_,
           _T.cauchy_, _T.random_, _T.multinomial, F.rrelu, F.gumbel_softmax)
-_register(_RANDOM, _dropout_is_random, F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout,
-          F.feature_alpha_dropout)
+_DROPOUTS = (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout)
+_register(_RANDOM, _dropout_is_random, *_DROPOUTS)
+_read_parameters(*_DROPOUTS)
 
 
 def is_random(func: Any, args: tuple, kwargs: dict) -> bool:
     """Whether this call draws random numbers (each rank from its own generator)."""
-    if func not in _RANDOM:
-        return False
-    condition = _RANDOM[func]
-    return condition is None or condition(func, args, kwargs)
+    random = op_kind(func).random
+    return random == "always" or (random == "maybe" and _RANDOM[func](func, args, kwargs))
 
 
 # -- in-place writes and untypeable ops -------------------------------------------------------------------
@@ -103,17 +131,14 @@ def written_operand(func: Any, args: tuple, kwargs: dict) -> Any:
     out = kwargs.get("out")
     if isinstance(out, torch.Tensor):
         return out
-    name = getattr(func, "__name__", "")
-    in_place = (name.endswith("_") and not name.startswith("__")) or name in _IN_PLACE_DUNDERS
-    if (in_place or kwargs.get("inplace") is True) and args and isinstance(args[0], torch.Tensor):
+    if (op_kind(func).writes_first or kwargs.get("inplace") is True) and args and isinstance(args[0], torch.Tensor):
         return args[0]
     return None
 
 
 def is_untypeable(func: Any) -> bool:
     """A custom op (``torch.ops.<namespace>.*`` outside aten/prims): its outputs need not follow its inputs."""
-    op = _torch.op_overload_name(func)
-    return op is not None and op[0] not in ("aten", "prims")
+    return op_kind(func).role == "untypeable"
 
 
 # -- collectives ----------------------------------------------------------------------------------------
@@ -140,6 +165,62 @@ _register(COLLECTIVES, CollectiveSpec(_gather_rule), C.all_gather)
 _register(COLLECTIVES, CollectiveSpec(_vma.psum_scatter_rule), C.psum_scatter)
 _register(COLLECTIVES, CollectiveSpec(_vma.spread_rule), C.all_to_all, C.ppermute)
 _register(COLLECTIVES, CollectiveSpec(None, has_operand=False), C.axis_index, C.axis_size)
+_read_parameters(*COLLECTIVES)
+
+
+# -- what a function is, decided once per function --------------------------------------------------------
+
+
+class OpKind(NamedTuple):
+    """What the tables say about one function (plain constants)."""
+
+    role: str  # "pass" (PASS_THROUGH), "collective", "untypeable" (a custom op) or "op" (the default rule)
+    random: str  # "always", "maybe" (a dropout: depends on its arguments) or "" (draws nothing)
+    writes_first: bool  # an in-place op by its name (``add_``, ``__iadd__``, ``__setitem__``)
+    name: str  # how errors name it: "add", "Tensor.add_", "aten::add", "my_lib::op"
+
+
+_KINDS: dict[Any, OpKind] = {}
+
+
+@torch.compiler.assume_constant_result
+def op_kind(func: Any) -> OpKind:
+    """The tables' answer for ``func``, computed once per function.
+
+    Under torch.compile the call runs while tracing and its result is a constant of the trace:
+    a region's dispatch costs nothing in compiled code.
+    """
+    try:
+        kind = _KINDS.get(func)
+    except TypeError:  # an unhashable callable: classify it every time
+        return _classify(func)
+    if kind is None:
+        kind = _KINDS[func] = _classify(func)
+    return kind
+
+
+def _classify(func: Any) -> OpKind:
+    op = _torch.op_overload_name(func)  # torch.ops.<namespace>.<op>: ("namespace", "op")
+    if func in PASS_THROUGH:
+        role = "pass"
+    elif func in COLLECTIVES:
+        role = "collective"
+    elif op is not None and op[0] not in ("aten", "prims"):
+        role = "untypeable"
+    else:
+        role = "op"
+    random = "" if func not in _RANDOM else "always" if _RANDOM[func] is None else "maybe"
+    name = getattr(func, "__name__", "")
+    writes_first = (name.endswith("_") and not name.startswith("__")) or name in _IN_PLACE_DUNDERS
+    return OpKind(role, random, writes_first, _display_name(func, op))
+
+
+def _display_name(func: Any, op: tuple[str, str] | None) -> str:
+    if op is not None:
+        return op[1]
+    name = getattr(func, "__name__", None) or str(func)
+    owner = getattr(func, "__objclass__", None)
+    return f"Tensor.{name}" if owner is not None and owner.__name__ == "TensorBase" else name
 
 
 def registered() -> Iterable[Any]:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import inspect
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,17 +35,30 @@ from . import _torch, _vma
 from ._errors import MeshError, requires
 from ._handle import RealizedMesh, resolve_mesh
 from ._interop import sharding_of
-from ._op_rules import COLLECTIVES, PASS_THROUGH, CollectiveSpec, is_random, is_untypeable, written_operand
+from ._op_rules import COLLECTIVES, CollectiveSpec, bind, is_random, op_kind, written_operand
 from ._sharding import NamedSharding, PartitionSpec
 
 __all__ = ["shard_map", "typeof"]
 
 _NOTHING: frozenset[str] = frozenset()
 _REGION: contextvars.ContextVar[_Region | None] = contextvars.ContextVar("functional_mesh_region", default=None)
+# The open region for torch.compile, which cannot trace ContextVar.get but reads a module list.
+_COMPILED: list[_Region] = []
+
+
+def _current_region() -> _Region | None:
+    if torch.compiler.is_compiling():
+        return _COMPILED[-1] if _COMPILED else None
+    return _REGION.get()
 
 
 class _Region:
-    """One call of a mapped function: its realized mesh, whether it is typed, and the types."""
+    """One call of a mapped function: its realized mesh, whether it is typed, and the types.
+
+    Eagerly the types live in a weak map (an intermediate the program drops is freed at once);
+    under torch.compile in a plain dict of the traced tensors, which dynamo tracks: the types are
+    then decided while tracing and are no part of the compiled code.
+    """
 
     __slots__ = ("rm", "check_vma", "axes", "types", "random")
 
@@ -55,7 +66,7 @@ class _Region:
         self.rm = rm
         self.check_vma = check_vma
         self.axes = frozenset(rm.mesh.axis_names)
-        self.types: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        self.types: Any = {} if torch.compiler.is_compiling() else WeakTensorKeyDictionary()
         self.random = False  # whether a random op ran (the out_specs error then says why values vary)
 
     def type_of(self, t: torch.Tensor) -> frozenset[str]:
@@ -81,9 +92,9 @@ class _Region:
 
     def collective(self, func: Any, spec: CollectiveSpec, args: tuple, kwargs: dict) -> Any:
         api = func.__name__
-        arguments = _bind(func, args, kwargs)
+        arguments = bind(func, args, kwargs)
         mesh = arguments.get("mesh")
-        if mesh is not None and resolve_mesh(api, mesh).mesh != self.rm.mesh:
+        if mesh is not None and mesh is not self.rm and resolve_mesh(api, mesh).mesh != self.rm.mesh:
             raise MeshError(requires(api, "inside shard_map, the region's mesh (or mesh=None)", "mesh", mesh,
                                      self.rm), mesh=self.rm.mesh)
         arguments["mesh"] = self.rm
@@ -109,15 +120,6 @@ class _Region:
         return out
 
 
-def _bind(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
-    return dict(_signature(func).bind(*args, **kwargs).arguments)
-
-
-@functools.cache
-def _signature(func: Any) -> inspect.Signature:
-    return inspect.signature(func)
-
-
 def _untyped(func: Any, arguments: dict[str, Any], call: C.Call, rm: RealizedMesh) -> Any:
     """A collective in an untyped region: JAX's convention, where ``psum`` transposes to ``psum``."""
     if func in (C.pvary, C.pcast):
@@ -125,23 +127,10 @@ def _untyped(func: Any, arguments: dict[str, Any], call: C.Call, rm: RealizedMes
             C.check_pcast_target(arguments.get("to", "varying"))
         return arguments["x"]
     if func in (C.psum, C.pmean):
-        y = _SumBack.apply(arguments["x"], call.names, rm)  # backward: psum
+        y = C.pvary(arguments["x"], call.names, mesh=rm)  # its backward: psum
         y = C.psum(y, call.names, mesh=rm)
         return y / call.size() if func is C.pmean else y
     return func(**arguments)
-
-
-class _SumBack(torch.autograd.Function):
-    """Identity forward; ``psum`` over ``axes`` backward (JAX's untyped convention)."""
-
-    @staticmethod
-    def forward(ctx, x, axes, rm):
-        ctx.axes, ctx.rm = axes, rm
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return (C.psum(grad, ctx.axes, mesh=ctx.rm) if ctx.axes else grad), None, None
 
 
 class _Scale(torch.autograd.Function):
@@ -155,28 +144,6 @@ class _Scale(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad * ctx.factor, None
-
-
-class _Enter(torch.autograd.Function):
-    """A full tensor's local block (no communication); backward gathers the full gradient.
-
-    ``sums``: axes to ``psum`` the cotangent over first (the untyped convention; empty when typed,
-    where the type rules make the cotangent invariant over the unnamed axes already). ``gathers``:
-    per sharded dim, its axes (major first).
-    """
-
-    @staticmethod
-    def forward(ctx, full, index, rm, gathers, sums):
-        ctx.rm, ctx.gathers, ctx.sums = rm, gathers, sums
-        return full[index].clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        if ctx.sums:
-            grad = C.psum(grad, ctx.sums, mesh=ctx.rm)
-        for dim, axes in ctx.gathers:
-            grad = C.all_gather(grad, axes, dim=dim, mesh=ctx.rm)
-        return grad, None, None, None, None
 
 
 # -- the interpreter ---------------------------------------------------------------------------------
@@ -195,28 +162,28 @@ class _TypedMode(_RegionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in PASS_THROUGH:
+        kind = op_kind(func)  # a constant of the trace under torch.compile
+        if kind.role == "pass":
             return func(*args, **kwargs)
         region = self.region
-        spec = COLLECTIVES.get(func)
-        if spec is not None:
-            return region.collective(func, spec, args, kwargs)
+        if kind.role == "collective":
+            return region.collective(func, COLLECTIVES[func], args, kwargs)
         flat, tree = _operands(args, kwargs)
         positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
         operands = [region.type_of(flat[i]) for i in positions]
-        if is_untypeable(func):
-            raise _vma.op_error(_name(func), [(tuple(flat[i].shape), t) for i, t in zip(positions, operands,
+        if kind.role == "untypeable":
+            raise _vma.op_error(kind.name, [(tuple(flat[i].shape), t) for i, t in zip(positions, operands,
                                                                                     strict=True)],
                                 "a custom op's result need not follow its inputs' types; run this region "
                                 "with check_vma=False")
-        if is_random(func, args, kwargs):
+        if kind.random and is_random(func, args, kwargs):
             region.random = True
             rule = _vma.random_rule(operands, region.axes)
         else:
             rule = _vma.default_rule(operands)
         written = written_operand(func, args, kwargs)
         if written is not None:
-            _vma.check_write(_name(func), region.type_of(written), rule.result,
+            _vma.check_write(kind.name, region.type_of(written), rule.result,
                              [tuple(flat[i].shape) for i in positions])
         if any(rule.casts):
             for i, cast in zip(positions, rule.casts, strict=True):
@@ -244,19 +211,9 @@ class _UntypedMode(_RegionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        spec = COLLECTIVES.get(func)
-        if spec is not None:
-            return self.region.collective(func, spec, args, kwargs)
+        if op_kind(func).role == "collective":
+            return self.region.collective(func, COLLECTIVES[func], args, kwargs)
         return func(*args, **kwargs)
-
-
-def _name(func: Any) -> str:
-    op = _torch.op_overload_name(func)  # torch.ops.<namespace>.<op>: "namespace::op"
-    if op is not None:
-        return op[1]
-    name = getattr(func, "__name__", None) or str(func)
-    owner = getattr(func, "__objclass__", None)
-    return f"Tensor.{name}" if owner is not None and owner.__name__ == "TensorBase" else name
 
 
 # -- the public API -------------------------------------------------------------------------------------
@@ -272,7 +229,7 @@ def typeof(t: torch.Tensor) -> _vma.AxisTypes:
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(requires("typeof", "a torch.Tensor", "t", t))
-    region = _REGION.get()
+    region = _current_region()
     if region is None or not region.check_vma:
         raise MeshError("`typeof` requires an enclosing shard_map region with check_vma=True, but got "
                         + ("a region with check_vma=False" if region is not None else "none"))
@@ -311,20 +268,27 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
         if rm.coordinate is None:
             raise MeshError(requires("shard_map", "a rank that belongs to the mesh", "rank", rm.rank,
                                      f"devices {rm.mesh.device_list.describe()}"), mesh=rm.mesh)
-        if _REGION.get() is not None:
+        if _current_region() is not None:
             raise MeshError("`shard_map` requires no enclosing shard_map region (nested regions are not "
                             "supported), but got one; call the inner function directly")
         region = _Region(rm, check_vma)
         local = _enter_all(region, args, in_specs, plans)
-        token = _REGION.set(region)
+        compiling = torch.compiler.is_compiling()
+        if compiling:
+            _COMPILED.append(region)
+        else:
+            token = _REGION.set(region)
         try:
             with (_TypedMode if check_vma else _UntypedMode)(region):
                 out = f(*local)
         finally:
-            _REGION.reset(token)
+            if compiling:
+                _COMPILED.pop()
+            else:
+                _REGION.reset(token)
         return _exit_all(region, out, out_specs, plans)
 
-    plans: dict = {}  # the boundary's per-leaf plans, by (spec, shape, kind, mesh, rank)
+    plans = _Plans(check_vma)
     return mapped
 
 
@@ -352,22 +316,32 @@ def _prefix(what: str, specs: Any, values: Any) -> list[tuple[str, Any, Partitio
     return [(what + keystr(path), leaf, spec) for (path, leaf), spec in zip(pairs, flat_specs, strict=True)]
 
 
+def _size(rm: RealizedMesh, axes: Sequence[str]) -> int:
+    """The product of the sizes of ``axes`` (a loop: torch.compile traces it)."""
+    size = 1
+    for a in axes:
+        size *= rm.axis_size(a)
+    return size
+
+
 def _spec_axes(spec: PartitionSpec) -> frozenset[str]:
     return frozenset(a for d in range(len(spec)) for a in spec.axes_of(d))
 
 
-def _check_shape(rm: RealizedMesh, path: str, shape: Sequence[int], spec: PartitionSpec) -> None:
-    """JAX's rule: the spec fits the rank, and every sharded dim divides evenly over its axes."""
-    if len(spec) > len(shape):
-        raise MeshError(requires("shard_map", f"a value of rank at least {len(spec)} for {path}={spec}", "shape",
+def _check_shape(rm: RealizedMesh, path: str, shape: Sequence[int], spec: PartitionSpec, plan: _Plan) -> None:
+    """JAX's rule: the spec fits the rank, and every sharded dim divides evenly over its axes.
+
+    Plain arithmetic on the shape: under torch.compile it runs while tracing (on symbolic sizes too).
+    """
+    if plan.rank > len(shape):
+        raise MeshError(requires("shard_map", f"a value of rank at least {plan.rank} for {path}={spec}", "shape",
                                  tuple(shape)), mesh=rm.mesh)
-    for d, n in enumerate(shape):
-        axes = spec.axes_of(d)
-        k = math.prod(rm.axis_size(a) for a in axes)
+    for d, k in enumerate(plan.sizes):
+        n = shape[d]
         if n % k:
             raise MeshError(
                 f"`shard_map` requires every sharded dim to divide evenly over its mesh axes, but {path}={spec} "
-                f"maps dim {d} of size {n} (shape {tuple(shape)}) to axes {axes} of total size {k}; "
+                f"maps dim {d} of size {n} (shape {tuple(shape)}) to axes {spec.axes_of(d)} of total size {k}; "
                 f"pad the value to a multiple of {k}, or shard it over other axes", mesh=rm.mesh)
 
 
@@ -396,46 +370,51 @@ def _rebuild(leaves: list[Any], tree: Any) -> Any:
 
 
 class _Plan:
-    """What the boundary does for one leaf: its sharding, placements, slices, gathers. Cached per
-    (spec, shape, kind), so a mapped function called again pays for none of it."""
+    """What the boundary does for a leaf with one spec on one mesh, whatever its shape: its sharding
+    and placements, the axes it names, the size each dim is split into and how a full argument
+    enters (its gathers) or an untyped one sums its cotangent (its unnamed axes)."""
 
-    __slots__ = ("sharding", "placements", "axes", "index", "gathers", "unnamed", "global_shape", "stride")
+    __slots__ = ("sharding", "placements", "axes", "rank", "sizes", "gathers", "unnamed")
 
-    def __init__(self, rm: RealizedMesh, spec: PartitionSpec, shape: tuple[int, ...], check_vma: bool,
-                 local: bool) -> None:
+    def __init__(self, rm: RealizedMesh, spec: PartitionSpec, check_vma: bool) -> None:
         self.sharding = NamedSharding(rm.mesh, spec)
         self.placements = self.sharding.placements
         self.axes = _spec_axes(spec)
         self.unnamed = () if check_vma else tuple(a for a in rm.mesh.axis_names if a not in self.axes)
-        sizes = [math.prod(rm.axis_size(a) for a in spec.axes_of(d)) for d in range(len(shape))]
-        if local:  # a result: its local shape times the sizes of the axes of each dim
-            self.global_shape = torch.Size(n * k for n, k in zip(shape, sizes, strict=True))
-            self.stride = tuple(math.prod(self.global_shape[d + 1:]) for d in range(len(shape)))
-            self.index = self.gathers = None
-        else:  # an argument: its local block, and how to gather the gradient back
-            self.index = self.sharding.local_slices(shape, rm.rank)
-            self.gathers = tuple((d, spec.axes_of(d)) for d in range(len(spec)) if spec.axes_of(d))
-            self.global_shape = self.stride = None
+        self.rank = len(spec)
+        self.sizes = tuple(_size(rm, spec.axes_of(d)) for d in range(len(spec.entries)))
+        self.gathers = tuple((d, spec.axes_of(d)) for d in range(len(spec.entries)) if spec.axes_of(d))
 
 
-def _plan(cache: dict, rm: RealizedMesh, path: str, spec: PartitionSpec, value: torch.Tensor, check_vma: bool,
-          local: bool) -> _Plan:
-    shape = tuple(value.shape)
-    key = (spec, shape, local, rm.mesh, rm.rank)
-    plan = cache.get(key)
-    if plan is None:
-        _check_shape(rm, path, (0,) * len(shape) if local else shape, spec)  # results: the rank rule only
-        plan = cache[key] = _Plan(rm, spec, shape, check_vma, local)
-    return plan
+class _Plans:
+    """One mapped function's plans, by (mesh, spec), made on first use."""
+
+    __slots__ = ("check_vma", "plans")
+
+    def __init__(self, check_vma: bool) -> None:
+        self.check_vma = check_vma
+        self.plans: dict[tuple[RealizedMesh, PartitionSpec], _Plan] = {}
+
+    @torch.compiler.assume_constant_result
+    def of(self, rm: RealizedMesh, spec: PartitionSpec) -> _Plan:
+        """The plan of ``spec`` on ``rm``. Under torch.compile this runs (in Python) while tracing
+        and its result is a constant of the trace; it also builds ``rm.device_mesh`` then, which
+        a compiled program cannot."""
+        plan = self.plans.get((rm, spec))
+        if plan is None:
+            plan = self.plans[(rm, spec)] = _Plan(rm, spec, self.check_vma)
+            rm.device_mesh  # noqa: B018 - built now (and kept by rm), outside any trace
+        return plan
 
 
-def _enter_all(region: _Region, args: tuple, in_specs: Any, cache: dict) -> list[Any]:
+def _enter_all(region: _Region, args: tuple, in_specs: Any, plans: _Plans) -> list[Any]:
     rm = region.rm
     entries, tree = _leaves("in_specs", in_specs, args)
     leaves = []
     for path, leaf, spec in entries:
         if isinstance(leaf, torch.Tensor):
-            plan = _plan(cache, rm, path, spec, leaf, region.check_vma, local=False)
+            plan = plans.of(rm, spec)
+            _check_shape(rm, path, leaf.shape, spec, plan)
             leaf = _enter(region, path, leaf, plan)
             if region.check_vma:
                 region.record(leaf, plan.axes)
@@ -453,10 +432,15 @@ def _enter(region: _Region, path: str, value: torch.Tensor, plan: _Plan) -> torc
                 f"{_describe(value)} and its spec asks for {plan.sharding}; call fm.reshard(x, "
                 f"{plan.sharding!r}) first (communication is always explicit)", mesh=rm.mesh)
         local = value.to_local()
-        return _SumBack.apply(local, plan.unnamed, rm) if plan.unnamed else local
-    if not plan.gathers and not plan.unnamed:
-        return value  # replicated and typed: the full value is the local one, and its gradient is already full
-    return _Enter.apply(value, plan.index, rm, plan.gathers, plan.unnamed)
+    elif not plan.gathers:
+        local = value  # replicated: the full value is the local one, and its gradient is already full
+    else:  # no communication; backward gathers the full gradient
+        local = value
+        for dim, axes in plan.gathers:
+            local = C.local_block(local, axes, dim, mesh=rm)
+    # untyped: psum the cotangent over the unnamed axes (JAX's convention; typed, the rules make it
+    # invariant there already)
+    return C.pvary(local, plan.unnamed, mesh=rm) if plan.unnamed else local
 
 
 def _describe(value: DTensor) -> str:
@@ -466,14 +450,14 @@ def _describe(value: DTensor) -> str:
         return f"a DTensor with placements {tuple(value.placements)}"
 
 
-def _exit_all(region: _Region, out: Any, out_specs: Any, cache: dict) -> Any:
+def _exit_all(region: _Region, out: Any, out_specs: Any, plans: _Plans) -> Any:
     rm = region.rm
     entries, tree = _leaves("out_specs", out_specs, out)
     if region.check_vma:
         failures = []
         for path, leaf, spec in entries:
             if isinstance(leaf, torch.Tensor):
-                varying, named = region.type_of(leaf), _spec_axes(spec)
+                varying, named = region.type_of(leaf), plans.of(rm, spec).axes
                 if varying - named:
                     failures.append((path, varying, named, spec))
         if failures:
@@ -481,7 +465,10 @@ def _exit_all(region: _Region, out: Any, out_specs: Any, cache: dict) -> Any:
     leaves = []
     for path, leaf, spec in entries:
         if isinstance(leaf, torch.Tensor):
-            leaf = _exit(region, leaf, _plan(cache, rm, path, spec, leaf, region.check_vma, local=True))
+            plan = plans.of(rm, spec)
+            if plan.rank > leaf.ndim:  # a result is local: only the rank rule applies
+                _check_shape(rm, path, leaf.shape, spec, plan)
+            leaf = _exit(region, leaf, plan)
         leaves.append(leaf)
     return _rebuild(leaves, tree)
 
@@ -493,6 +480,11 @@ def _exit(region: _Region, local: torch.Tensor, plan: _Plan) -> DTensor:
         if missing:  # invariant over a named axis: copies are concatenated, so the cotangent sums
             local = C.pvary(local, tuple(sorted(missing)), mesh=rm)
     elif plan.unnamed:
-        local = _Scale.apply(local, 1.0 / math.prod(rm.axis_size(a) for a in plan.unnamed))
-    return DTensor.from_local(local, rm.device_mesh, plan.placements, run_check=False, shape=plan.global_shape,
-                              stride=plan.stride)
+        local = _Scale.apply(local, 1.0 / _size(rm, plan.unnamed))
+    # the global shape: each dim's local size times the size of its axes; contiguous strides
+    shape = [n * plan.sizes[d] if d < len(plan.sizes) else n for d, n in enumerate(local.shape)]
+    stride = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        stride[d] = stride[d + 1] * shape[d + 1]
+    return DTensor.from_local(local, rm.device_mesh, plan.placements, run_check=False, shape=torch.Size(shape),
+                              stride=tuple(stride))
