@@ -1,6 +1,6 @@
 """A data + tensor parallel MLP written as one per-shard function with fm.shard_map, trained and checked.
 
-Run:  torchrun --nproc_per_node=8 examples/shard_map_mlp.py [--steps 4] [--untyped]
+Run:  torchrun --nproc_per_node=8 examples/shard_map_mlp.py [--steps 4] [--untyped] [--compile]
 
 1. A (dp, tp) = (2, 4) mesh, realized once.
 2. Parameters are DTensors, made from full tensors that are equal on every rank (seeded):
@@ -12,7 +12,9 @@ Run:  torchrun --nproc_per_node=8 examples/shard_map_mlp.py [--steps 4] [--untyp
    The weights are invariant over dp where the batch varies, so the region casts them
    (``pvary``: identity forward, psum backward): their gradients come out summed over dp, with
    no DDP wrapper and no hand-written all-reduce. With ``--untyped`` (``check_vma=False``) the
-   same gradients come from JAX's untyped convention instead.
+   same gradients come from JAX's untyped convention instead. With ``--compile`` the mapped step
+   is compiled whole (``torch.compile(step, fullgraph=True)``): the types are decided while
+   tracing, and the compiled step runs the ops and collectives only.
 4. Plain SGD on the DTensors. A single process training the full model on the full batch is
    the reference: every step's loss, and the final weights, must agree to 1e-5 on every rank.
 
@@ -77,6 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--untyped", action="store_true", help="check_vma=False (JAX's untyped convention)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the mapped step (fullgraph=True)")
     args = parser.parse_args()
     world = int(os.environ["WORLD_SIZE"])
     if world != DP * TP:
@@ -88,6 +91,8 @@ def main() -> None:
     x, target = x_full.to(rm.device), t_full.to(rm.device)
     step = fm.shard_map(mlp, in_specs=(P("dp", None), P(None, "tp"), P("tp", None)), out_specs=P("dp", None),
                         mesh=rm, check_vma=not args.untyped)
+    if args.compile:
+        step = torch.compile(step, fullgraph=True)
 
     # step(...) is a DTensor (BATCH, DIM_OUT), rows over dp; the loss reads all of it
     losses = train(lambda a, b: step(x, a, b).full_tensor(), target, w1, w2, args.steps)
@@ -98,7 +103,7 @@ def main() -> None:
     for name, got, want in (("w1", w1.full_tensor().cpu(), want_w1), ("w2", w2.full_tensor().cpu(), want_w2)):
         assert torch.allclose(got, want, atol=TOL, rtol=0), f"rank {rm.rank}: final {name} differs"
     if rm.rank == 0:
-        print(f"mesh {rm.mesh} on {rm.backend}, check_vma={not args.untyped}")
+        print(f"mesh {rm.mesh} on {rm.backend}, check_vma={not args.untyped}, compiled={args.compile}")
         print("losses " + " ".join(f"{v:.6f}" for v in losses))
         print(f"losses and final weights match a single process to {TOL:g} on every rank")
     dist.barrier()

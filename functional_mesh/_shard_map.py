@@ -264,32 +264,54 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
 
     @functools.wraps(f)
     def mapped(*args: Any) -> Any:
-        rm = resolve_mesh("shard_map", mesh)
-        if rm.coordinate is None:
-            raise MeshError(requires("shard_map", "a rank that belongs to the mesh", "rank", rm.rank,
-                                     f"devices {rm.mesh.device_list.describe()}"), mesh=rm.mesh)
-        if _current_region() is not None:
-            raise MeshError("`shard_map` requires no enclosing shard_map region (nested regions are not "
-                            "supported), but got one; call the inner function directly")
-        region = _Region(rm, check_vma)
-        local = _enter_all(region, args, in_specs, plans)
-        compiling = torch.compiler.is_compiling()
-        if compiling:
-            _COMPILED.append(region)
-        else:
-            token = _REGION.set(region)
+        if not torch.compiler.is_compiling():
+            return _call(f, mesh, check_vma, in_specs, out_specs, plans, args)
         try:
-            with (_TypedMode if check_vma else _UntypedMode)(region):
-                out = f(*local)
-        finally:
-            if compiling:
-                _COMPILED.pop()
-            else:
-                _REGION.reset(token)
-        return _exit_all(region, out, out_specs, plans)
+            return _call(f, mesh, check_vma, in_specs, out_specs, plans, args)
+        except MeshError as error:  # a type or boundary error while tracing: the user's error, not torch's
+            _raise_from_trace(isinstance(error, _vma.VmaError), error.args[0])
 
     plans = _Plans(check_vma)
     return mapped
+
+
+def _call(f: Callable[..., Any], mesh: RealizedMesh | None, check_vma: bool, in_specs: Any, out_specs: Any,
+          plans: _Plans, args: tuple) -> Any:
+    rm = resolve_mesh("shard_map", mesh)
+    if rm.coordinate is None:
+        raise MeshError(requires("shard_map", "a rank that belongs to the mesh", "rank", rm.rank,
+                                 f"devices {rm.mesh.device_list.describe()}"), mesh=rm.mesh)
+    if _current_region() is not None:
+        raise MeshError("`shard_map` requires no enclosing shard_map region (nested regions are not "
+                        "supported), but got one; call the inner function directly")
+    region = _Region(rm, check_vma)
+    local = _enter_all(region, args, in_specs, plans)
+    compiling = torch.compiler.is_compiling()
+    if compiling:
+        _COMPILED.append(region)
+    else:
+        token = _REGION.set(region)
+    try:
+        with (_TypedMode if check_vma else _UntypedMode)(region):
+            out = f(*local)
+    finally:
+        if compiling:
+            _COMPILED.pop()
+        else:
+            _REGION.reset(token)
+    return _exit_all(region, out, out_specs, plans)
+
+
+@torch.compiler.assume_constant_result
+def _raise_from_trace(vma: bool, message: str) -> None:
+    """Raise, while torch.compile traces, the ``VmaError`` (or ``MeshError``) eager mode raises.
+
+    Raised in traced code, torch would report its own "Observed exception" with ``fullgraph=True``;
+    raised from here it is an instance of our class that torch passes on as it is (the same
+    message; torch appends where in the user's code it happened). Types depend on types only, so
+    every rank raises it while tracing, before anything communicates.
+    """
+    raise _torch.trace_time_error(_vma.VmaError if vma else MeshError)(message)
 
 
 # -- the boundary -----------------------------------------------------------------------------------------
@@ -374,7 +396,7 @@ class _Plan:
     and placements, the axes it names, the size each dim is split into and how a full argument
     enters (its gathers) or an untyped one sums its cotangent (its unnamed axes)."""
 
-    __slots__ = ("sharding", "placements", "axes", "rank", "sizes", "gathers", "unnamed")
+    __slots__ = ("sharding", "placements", "axes", "rank", "sizes", "gathers", "unnamed", "spec")
 
     def __init__(self, rm: RealizedMesh, spec: PartitionSpec, check_vma: bool) -> None:
         self.sharding = NamedSharding(rm.mesh, spec)
@@ -382,6 +404,7 @@ class _Plan:
         self.axes = _spec_axes(spec)
         self.unnamed = () if check_vma else tuple(a for a in rm.mesh.axis_names if a not in self.axes)
         self.rank = len(spec)
+        self.spec = str(spec)  # for messages (torch.compile cannot format a PartitionSpec while tracing)
         self.sizes = tuple(_size(rm, spec.axes_of(d)) for d in range(len(spec.entries)))
         self.gathers = tuple((d, spec.axes_of(d)) for d in range(len(spec.entries)) if spec.axes_of(d))
 
@@ -457,9 +480,10 @@ def _exit_all(region: _Region, out: Any, out_specs: Any, plans: _Plans) -> Any:
         failures = []
         for path, leaf, spec in entries:
             if isinstance(leaf, torch.Tensor):
-                varying, named = region.type_of(leaf), plans.of(rm, spec).axes
+                plan = plans.of(rm, spec)
+                varying, named = region.type_of(leaf), plan.axes
                 if varying - named:
-                    failures.append((path, varying, named, spec))
+                    failures.append((path, varying, named, plan.spec))
         if failures:
             raise _vma.out_specs_error(failures, rm.mesh.axis_names, region.random)
     leaves = []

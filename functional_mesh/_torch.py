@@ -21,7 +21,11 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
 - ``torch.ops._c10d_functional`` (``all_reduce``, ``all_gather_into_tensor``,
   ``reduce_scatter_tensor``, ``all_to_all_single``, ``wait_tensor``): the collectives, by group name;
 - ``torch._C._is_torch_function_mode_enabled()``, to let a ``shard_map`` region see the
-  collectives that have no tensor operand (``axis_index``, ``axis_size``).
+  collectives (eagerly for those without a tensor operand, ``axis_index`` and ``axis_size``;
+  under torch.compile for all, where ``has_torch_function`` sees tensor subclasses only);
+- ``torch._dynamo.exc.UserError`` (``UserErrorType.INVALID_INPUT``), which dynamo re-raises
+  unchanged from a trace: the base of the errors a compiled shard_map raises while tracing
+  (:func:`trace_time_error`).
 
 Creates no process group. Pure floors reach this module only lazily (``NamedSharding.placements``)
 so that planning a mesh needs no torch.
@@ -44,7 +48,7 @@ from ._errors import MeshError, requires
 __all__ = ["PlacementPlan", "all_gather", "all_reduce", "all_to_all", "default_group", "default_store",
            "device_mesh_from_groups", "from_placements", "global_rank", "group_members", "group_name", "mesh_parts",
            "op_overload_name", "pytree", "reduce_scatter", "register_flattened", "set_group_desc", "to_placements",
-           "torch_function_mode_active"]
+           "torch_function_mode_active", "trace_time_error"]
 
 # Per mesh axis: None (replicated) or (tensor dim, split factor): a factor of None is Shard(dim),
 # an int is _StridedShard(dim, split_factor=factor). Built by functional_mesh._sharding.placement_plan.
@@ -126,6 +130,30 @@ def op_overload_name(func: Any) -> tuple[str, str] | None:
     if isinstance(func, torch._ops.OpOverload):
         return func.namespace, func.name()
     return None
+
+
+_TRACE_TIME_ERRORS: dict[type, type] = {}
+
+
+def trace_time_error(cls: type[MeshError]) -> type[MeshError]:
+    """A subclass of ``cls`` that torch.compile re-raises unchanged from a trace.
+
+    Private API: dynamo passes a ``torch._dynamo.exc.UserError`` through as it is, and wraps any
+    other exception raised while tracing in its own error. Made on first use (while tracing, so
+    ``torch._dynamo`` is loaded already).
+    """
+    made = _TRACE_TIME_ERRORS.get(cls)
+    if made is None:
+        from torch._dynamo.exc import UserError, UserErrorType
+
+        def __init__(self: Any, message: str) -> None:
+            UserError.__init__(self, UserErrorType.INVALID_INPUT, message)
+            self.mesh = None
+
+        made = _TRACE_TIME_ERRORS[cls] = type(cls.__name__, (cls, UserError),
+                                              {"__init__": __init__, "__module__": cls.__module__,
+                                               "__str__": lambda self: str(self.args[0])})
+    return made
 
 
 def torch_function_mode_active() -> bool:
