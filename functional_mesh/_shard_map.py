@@ -410,23 +410,24 @@ class _Plan:
 
 
 class _Plans:
-    """One mapped function's plans, by (mesh, spec), made on first use."""
+    """One mapped function's plans, by (mesh value, spec), made on first use."""
 
     __slots__ = ("check_vma", "plans")
 
     def __init__(self, check_vma: bool) -> None:
         self.check_vma = check_vma
-        self.plans: dict[tuple[RealizedMesh, PartitionSpec], _Plan] = {}
+        self.plans: dict[tuple[Any, PartitionSpec], _Plan] = {}
 
     @torch.compiler.assume_constant_result
     def of(self, rm: RealizedMesh, spec: PartitionSpec) -> _Plan:
-        """The plan of ``spec`` on ``rm``. Under torch.compile this runs (in Python) while tracing
-        and its result is a constant of the trace; it also builds ``rm.device_mesh`` then, which
-        a compiled program cannot."""
-        plan = self.plans.get((rm, spec))
+        """The plan of ``spec`` on ``rm``'s mesh. Under torch.compile this runs (in Python) while
+        tracing and its result is a constant of the trace; it also makes sure ``rm.device_mesh``
+        exists then, which a compiled program cannot build."""
+        rm.device_mesh  # noqa: B018 - built once per realized mesh (and kept by it), outside any trace
+        key = (rm.mesh, spec)  # the mesh value: equal meshes (a selection made again) share plans
+        plan = self.plans.get(key)
         if plan is None:
-            plan = self.plans[(rm, spec)] = _Plan(rm, spec, self.check_vma)
-            rm.device_mesh  # noqa: B018 - built now (and kept by rm), outside any trace
+            plan = self.plans[key] = _Plan(rm, spec, self.check_vma)
         return plan
 
 
