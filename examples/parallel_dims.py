@@ -50,7 +50,7 @@ def main() -> None:
 
     # 1. One world mesh, unflattened into the five parallel dims (pure values, O(ndim)).
     mesh = fm.make_mesh((world,), ("world",)).unflatten("world", sizes)
-    rm = fm.realize(mesh)  # size-1 dims get local singleton groups, no communication
+    rm = fm.realize(mesh)  # size-1 dims get no group: nothing to communicate
     after_base = fm.cache_info()
 
     # 2. The flattened data-parallel dims, each realized once. Only axes with new rank groups

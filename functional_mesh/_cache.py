@@ -3,7 +3,9 @@
 Two levels (see ``_realize.py``): an *axis key* (canonical layout, device list, device type,
 backend, options) maps to this rank's group of that axis; each group is held under its
 *ordered* member tuple (+ backend + options), so axes reached by different paths share groups.
-``epoch`` counts :func:`clear_cache` calls: a realized mesh from an older epoch refuses to be used.
+Size-1 axes have no group; the one-rank group torch is lent for them is made on first use
+(``self_group``). ``epoch`` counts :func:`clear_cache` calls: a realized mesh from an older epoch
+refuses to be used.
 Inspect it with :func:`cache_info`. Creates no process group; :func:`clear_cache` destroys those
 realize created.
 """
@@ -35,7 +37,7 @@ class GroupCache:
         self.groups: dict[tuple, Any] = {}  # (members, backend, options) -> ProcessGroup | None
         self.created: list[Any] = []  # ProcessGroups this process made (destroyed by clear_cache)
         self.labels: dict[Any, list[str]] = {}  # made group -> the axes it serves (its group_desc)
-        self.singletons: dict[tuple, Any] = {}  # (backend, options) -> this rank's own one-rank group
+        self.self_group: Any = None  # this rank's one-rank fake-backend group, lent to torch for size-1 axes
         self.made = 0  # distinct member tuples made (members or not; equal on every rank)
         self.hits = 0
         self.misses = 0
@@ -62,7 +64,7 @@ def clear_cache() -> None:
         CACHE.axes.clear()
         CACHE.groups.clear()
         CACHE.labels.clear()
-        CACHE.singletons.clear()
+        CACHE.self_group = None
         CACHE.made = CACHE.hits = CACHE.misses = 0
         CACHE.epoch += 1
         if dist.is_initialized():

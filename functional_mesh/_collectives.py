@@ -15,6 +15,10 @@ products=[axes])``); otherwise ``psum``/``pvary`` go axis by axis, ``all_gather`
 first, ``psum_scatter`` outermost first, ``ppermute`` point to point. ``all_to_all`` over a tuple
 needs the product group. A collective never creates a group.
 
+A size-1 axis has no group (realize makes none) and costs no communication: it is left out of a
+tuple's plan (it changes no index), and a collective over size-1 axes only is one local step
+(a copy; zeros for a ``ppermute`` that sends nothing), with the same values and gradients.
+
 Debug mode (off by default): with ``FUNCTIONAL_MESH_CHECK_COLLECTIVES=1`` in the environment (read
 at every call), each communication first compares, among the members of the group it is about to
 use, what every member asks for (operation, axes, mesh, tensor shape and dtype), through the
@@ -80,12 +84,17 @@ class Call:
                                      f"devices {rm.mesh.device_list.describe()}"), mesh=rm.mesh)
 
     def groups(self) -> list[Hop]:
-        """The groups to talk over: the product group when realized, else one per axis (outermost first)."""
+        """The groups to talk over: the product group when realized, else one per axis (outermost first).
+
+        Size-1 axes are left out (their index is 0: the others' indices and order are unchanged);
+        when every axis has size 1, one size-1 hop remains, which ``_run`` carries out locally.
+        """
         self.member()
         rm, names = self.rm, self.names
         if len(names) > 1 and rm.has_group(names):
             return [hop_of(rm, names, self.api)]
-        return [hop_of(rm, n, self.api) for n in names]
+        hops = [hop_of(rm, n, self.api) for n in names]
+        return [h for h in hops if h.size > 1] or hops[:1]
 
     def size(self) -> int:
         size = 1
@@ -188,6 +197,10 @@ def _run(step: tuple | None, x: torch.Tensor) -> torch.Tensor:
     if step is None:
         return x.view_as(x)
     kind = step[0]
+    if kind != "slice" and step[1] is None:  # a size-1 hop has no group: one member, nothing to send
+        # all_reduce, gather, scatter, exchange over one member give x itself, in a new buffer as
+        # the collective would; a permute gives x when (0, 0) is a pair, else zeros
+        return torch.zeros_like(x) if kind == "permute" and not step[4] else x.clone()
     if kind == "all_reduce":
         return _torch.all_reduce(x, step[1])
     if kind == "gather":  # every member's x along dim, in group-rank (= mesh) order
@@ -243,7 +256,8 @@ class _Comm(torch.autograd.Function):
 
 
 def _apply(x: torch.Tensor, forward: tuple | None, backward: tuple | None, check: Any, hop: Hop) -> torch.Tensor:
-    bound = partial(check, axes=hop.axes, group=hop.pg) if check is not None else None
+    # a size-1 hop communicates nothing, so there is nothing to agree on (and no group to ask)
+    bound = partial(check, axes=hop.axes, group=hop.pg) if check is not None and hop.size > 1 else None
     return _Comm.apply(x, forward, backward, bound)
 
 
@@ -391,14 +405,15 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
     if x.shape[s] % n:
         raise call.fail(f"split_dim divisible by {n}", f"x.shape[{s}]", x.shape[s])
     if len(groups) > 1:
-        return _all_to_all_composed(call, [hop.size for hop in groups], s, c)
+        return _all_to_all_composed(call, groups, s, c)
     (hop,) = groups
     check = _check(call, f", split_dim={s}, concat_dim={c}")
     return _apply(x, ("exchange", hop.name, n, s, c), ("exchange", hop.name, n, c, s), check, hop)
 
 
-def _all_to_all_composed(call: Call, sizes: list[int], s: int, c: int) -> torch.Tensor:
-    """A tuple all-to-all without its product group: one untiled exchange per axis, first axis major.
+def _all_to_all_composed(call: Call, hops: list[Hop], s: int, c: int) -> torch.Tensor:
+    """A tuple all-to-all without its product group: one untiled exchange per axis, first axis major
+    (``hops``: one per axis of size > 1; a size-1 axis changes no destination).
 
     ``split_dim`` becomes one dim per axis (destination coordinates, outermost first); the
     exchange over axis ``i`` turns dim ``i`` from "to whom" into "from whom", so after the last
@@ -406,10 +421,11 @@ def _all_to_all_composed(call: Call, sizes: list[int], s: int, c: int) -> torch.
     Autograd composes: each step is an all-to-all with its own inverse.
     """
     x = call.x
+    sizes = [hop.size for hop in hops]
     front = x.movedim(s, 0)
     y = front.reshape(*sizes, front.shape[0] // math.prod(sizes), *front.shape[1:])
-    for i, name in enumerate(call.names):
-        y = all_to_all(y, name, i, i, tiled=False, mesh=call.rm)
+    for i, hop in enumerate(hops):
+        y = all_to_all(y, hop.axes[0], i, i, tiled=False, mesh=call.rm)
     blocks = y.flatten(0, len(sizes) - 1).movedim(1, s + 1)  # (n, *x's dims with split_dim cut to one block)
     return blocks.movedim(0, c).flatten(c, c + 1)
 

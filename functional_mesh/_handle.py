@@ -10,7 +10,7 @@ process group: its torch ``DeviceMesh`` wraps the groups realize made.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -81,16 +81,18 @@ class RealizedMesh(Frozen):
     """
 
     __slots__ = ("_mesh", "_device_type", "_backend", "_rank", "_coordinate", "_groups", "_epoch", "_root",
-                 "_device_mesh", "_sizes", "_index", "_hops")
+                 "_device_mesh", "_sizes", "_index", "_hops", "_self_group")
 
     def __init__(self, mesh: Mesh, device_type: str, backend: str, groups: dict[Any, Any], rank: int,
-                 epoch: int, root: RealizedMesh | None) -> None:
+                 epoch: int, root: RealizedMesh | None, self_group: Callable[[], Any]) -> None:
         fields = {"_mesh": mesh, "_device_type": device_type, "_backend": backend, "_rank": rank,
                   "_coordinate": mesh.coordinate(rank),
-                  "_groups": groups,  # axis name or product tuple -> ProcessGroup | None
+                  # axis name or product tuple -> ProcessGroup | None (None: outside the mesh, or size 1)
+                  "_groups": groups,
                   "_epoch": epoch,  # the cache epoch the groups belong to
                   "_root": root,  # the realized mesh this one was selected from (None: it is a root)
-                  "_device_mesh": None}  # built on first use
+                  "_device_mesh": None,  # built on first use
+                  "_self_group": self_group}  # realize's maker of the one-rank group lent for size-1 axes
         # Plain dicts of ints and strings, computed once: what the collectives read per call, so
         # torch.compile traces dictionary lookups, not the mesh algebra.
         coordinate = fields["_coordinate"]
@@ -126,11 +128,18 @@ class RealizedMesh(Frozen):
         """This rank's ``ProcessGroup`` for ``axis`` (``None`` when this rank is outside the mesh).
 
         A tuple of axes gives the product group when it was realized (``products=``).
+
+        A size-1 axis (or product) has no group of its own: realize makes none, and the
+        collectives need none. Asked for one, the handle lends this rank's one-rank group on
+        torch's fake backend: it uses no communicator, every collective over it is exact for one
+        rank (except that ``ReduceOp.PREMUL_SUM`` does not apply its factor), it is made on the
+        first such request by this rank alone (torch's group counter does not move), and every
+        size-1 axis shares it (``group_desc`` "mesh_size1").
         """
         self._check_alive("RealizedMesh.group")
         if isinstance(axis, str):
             axis_position(self._mesh, axis, "RealizedMesh.group")
-            return self._group_of(axis, "RealizedMesh.group")
+            return self._lend(axis, self._group_of(axis, "RealizedMesh.group"))
         names = as_name_tuple("RealizedMesh.group", axis, "axis")
         if len(names) == 1:
             return self.group(names[0])
@@ -139,7 +148,13 @@ class RealizedMesh(Frozen):
             raise MeshError(requires("RealizedMesh.group", "a product of axes that was realized", "axis", names,
                                      tuple(k for k in self._groups if isinstance(k, tuple)))
                             + f"; pass products=[{names!r}] to realize", mesh=self._mesh)
-        return self._groups[names]
+        return self._lend(names, self._groups[names])
+
+    def _lend(self, key: str | tuple[str, ...], pg: Any) -> Any:
+        """``pg``, or for a size-1 axis of a member rank the one-rank group lent to torch."""
+        if pg is None and self._coordinate is not None and self._hops[key].size == 1:
+            return self._self_group()
+        return pg
 
     def _group_of(self, axis: str, api: str) -> Any:
         if axis not in self._groups:
@@ -177,7 +192,7 @@ class RealizedMesh(Frozen):
         sub = self._mesh[names]
         groups = {n: self._groups[n] for n in sub.axis_names if n in self._groups}
         return RealizedMesh(sub, self._device_type, self._backend, groups, self._rank, self._epoch,
-                            self._root or self)
+                            self._root or self, self._self_group)
 
     @property
     def device_mesh(self) -> Any:
@@ -185,7 +200,9 @@ class RealizedMesh(Frozen):
 
         Built once, lazily, with ``DeviceMesh.from_group`` (no new groups). A selection whose
         axes keep the root's order is a slice of the root's ``device_mesh``, so FSDP2 and
-        tensor parallel can share one torch root.
+        tensor parallel can share one torch root. A size-1 dim holds the one-rank group that
+        :meth:`group` lends (FSDP2 and ``distribute_tensor`` ask for it); an axis left out by
+        ``realize(axes=...)`` is a dim without a group.
         """
         self._check_alive("RealizedMesh.device_mesh")
         if self._coordinate is None:
@@ -210,7 +227,7 @@ class RealizedMesh(Frozen):
             if name not in self._groups:  # left out by realize(axes=...): a dim without a group
                 groups.append(None)
                 continue
-            pg = self._groups[name]
+            pg = self._lend(name, self._groups[name])
             index = tuple(slice(None) if j == i else c for j, c in enumerate(self._coordinate))
             row = submesh[index].reshape(-1).tolist()
             members = _torch.group_members(pg)
@@ -221,8 +238,8 @@ class RealizedMesh(Frozen):
             groups.append(pg)
         dm = _torch.device_mesh_from_groups(groups, self._device_type, submesh, mesh.axis_names)
         for key, pg in self._groups.items():  # products realized with this mesh, in mesh order
-            if isinstance(key, tuple) and pg is not None and _in_order(key, mesh.axis_names):
-                _torch.register_flattened(dm, key, pg)
+            if isinstance(key, tuple) and _in_order(key, mesh.axis_names):
+                _torch.register_flattened(dm, key, self._lend(key, pg))
         return dm
 
     def __enter__(self) -> RealizedMesh:
@@ -254,8 +271,8 @@ class RealizedMesh(Frozen):
 class Hop(NamedTuple):
     """A group a collective talks over: an axis's, or a product's (axes first-major)."""
 
-    pg: Any  # the ProcessGroup (None on ranks outside the mesh)
-    name: str | None  # its group name, what torch's functional collectives take
+    pg: Any  # the ProcessGroup (None on ranks outside the mesh, and for size 1: no group, no communication)
+    name: str | None  # its group name, what torch's functional collectives take (None: no group)
     size: int
     axes: tuple[str, ...]
     index: int | None  # this rank's index in it: its coordinate along ``axes``, first axis major

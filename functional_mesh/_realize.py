@@ -12,9 +12,19 @@ order. Groups are cached in two levels:
 Creation is one deterministic pass that every rank makes in the same order: ``split_group``
 per axis when the default group is NCCL bound to a device and the axis's groups are ascending,
 else one ``new_group`` per missing member tuple with ``sort_ranks=False``, so a member's group
-rank *is* its coordinate along the axis (mesh order). Size-1 axes get local singleton groups
-(no communication). An axis whose only group is the whole world, ascending, reuses the
-default group.
+rank *is* its coordinate along the axis (mesh order). An axis whose only group is the whole
+world, ascending, reuses the default group.
+
+A size-1 axis (or product) costs no group, on every backend: nothing is created for it, so no
+communicator (a one-rank NCCL communicator costs hundreds of MiB of GPU memory) and no step of
+torch's group counter, which therefore stays equal on every rank (torch >= 2.14 counts local
+groups too). Our collectives need none for it (``_collectives``). Torch's own code does ask for
+a size-1 dim's group now and then (FSDP2 reads its rank and size, and all-reduces over a size-1
+replicate dim; ``distribute_tensor`` broadcasts and scatters over every dim), so
+``rm.group(axis)`` and ``rm.device_mesh`` lend it this rank's one-rank group on torch's fake
+backend, whose collectives are exact for one rank and use no communicator. That group is made
+on first use, by this rank alone, outside torch's group counter (:func:`_self_group`), and
+shared by every size-1 axis until :func:`clear_cache`.
 
 Only this module creates process groups. The decisions it carries out are pure functions in
 ``_realize_plan.py``; the cache it fills is ``_cache.py``; the handle it returns is ``_handle.py``.
@@ -133,7 +143,7 @@ def realize(
         for line in axis_report(mesh, [(key, family, made[key]) for key, family in families],
                                 os.environ.get("LOCAL_WORLD_SIZE")):
             _LOG.log(level, "rank %d: %s", rank, line)
-    return RealizedMesh(mesh, device_type, backend_name, groups, rank, epoch, root=None)
+    return RealizedMesh(mesh, device_type, backend_name, groups, rank, epoch, root=None, self_group=_self_group)
 
 
 def _check_available(device_type: str, backend_name: str, backend_arg: str | None) -> None:
@@ -175,6 +185,8 @@ class _GroupMaker:
         axes names them all (``mesh_dp+batch``), so NCCL dumps and spmd_types name axes.
         """
         (name,) = family.axis_names
+        if family.size == 1:  # creation_method's "none": no lookup, no group, no communicator
+            return None
         axis_key = (family.axis_layout(name), family.device_list, self.device_type, self.backend, self.options)
         if axis_key in CACHE.axes:  # a hit: O(1), whatever the world size
             CACHE.hits += 1
@@ -203,23 +215,10 @@ class _GroupMaker:
         if not missing:
             return
         default = _torch.default_group()
-        method = creation_method(missing, self.world, self.default_backend, self.backend,
-                                 bool(getattr(default, "bound_device_id", None)))
+        method = creation_method(missing, self.world, self.default_backend, self.backend, _torch.can_split(default))
         kwargs: dict[str, Any] = {"timeout": self.timeout, "group_desc": f"mesh_{label}"}
         if method == "default":
             CACHE.groups[(missing[0], self.backend, self.options)] = default
-            return
-        if method == "local":
-            # Every rank of the world makes its own singleton group, once per backend and options,
-            # whether or not this mesh covers it: torch >= 2.14 counts local-synchronisation groups
-            # in the counter that names every later group, so all ranks must make as many.
-            own = CACHE.singletons.get((self.backend, self.options))
-            if own is None:
-                own = dist.new_group([self.rank], backend=self.backend_arg, use_local_synchronization=True, **kwargs)
-                CACHE.created.append(own)
-                CACHE.singletons[(self.backend, self.options)] = own
-            for row in missing:
-                self._store(row, own if row == (self.rank,) else None, label)
             return
         if method == "split":
             pg = dist.split_group(split_ranks=[list(r) for r in missing], **kwargs)
@@ -243,6 +242,21 @@ class _GroupMaker:
         CACHE.made += 1
         if pg is not None and pg not in CACHE.labels:
             CACHE.labels[pg] = [label]
+
+
+def _self_group() -> Any:
+    """This rank's one-rank group on torch's fake backend, for torch's use of size-1 axes.
+
+    Made on first use (``rm.group`` of a size-1 axis, or ``rm.device_mesh`` with a size-1 dim),
+    by this rank alone: it is not counted by torch's group counter, so ranks that never ask stay
+    in step with those that do. One per process until :func:`clear_cache` destroys it.
+    """
+    with CACHE.lock:
+        if CACHE.self_group is None:
+            pg = _torch.one_rank_group(f"functional_mesh_self_{dist.get_rank()}_{CACHE.epoch}", "mesh_size1")
+            CACHE.created.append(pg)
+            CACHE.self_group = pg
+        return CACHE.self_group
 
 
 def _describe_group(pg: Any, label: str) -> None:

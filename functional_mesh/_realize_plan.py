@@ -100,21 +100,25 @@ def resolve_backend(default_backend: str, device_type: str | None, backend: str 
 
 def creation_method(rows: Sequence[tuple[int, ...]], world_size: int, default_backend: str, backend: str,
                     bound_device: bool) -> str:
-    """How one axis's missing groups are made: "default", "local", "split" or "new_group".
+    """How one axis's missing groups are made: "none", "default", "split" or "new_group".
 
+    - "none": a size-1 axis (every row one rank): nothing to communicate, so no group at all, on
+      every backend. Nothing is created, so every rank's group counter stays where it was
+      (torch >= 2.14 counts local groups too, DESIGN.md §11.1); torch APIs that want a group for
+      such a dim are lent this rank's one-rank group on the fake backend (``RealizedMesh.group``).
     - "default": the only group is the whole world in ascending order and the backend is the
       default one: reuse the default group (no call).
-    - "local": singleton groups: each member makes its own, with local synchronisation.
-    - "split": one ``split_group`` call for the axis (NCCL default group bound to a device,
-      NCCL requested, every group ascending; ``split_group`` always sorts members).
+    - "split": one ``split_group`` call for the axis (the default group is bound to a device and
+      can split, the requested backend is the default's -- NCCL, or the fake backend that
+      simulates it -- and every group is ascending; ``split_group`` always sorts members).
     - "new_group": one ``new_group(ranks, sort_ranks=False)`` per missing tuple, on every rank.
     """
+    if all(len(r) == 1 for r in rows):
+        return "none"
     if len(rows) == 1 and rows[0] == tuple(range(world_size)) and backend == default_backend.lower():
         return "default"
-    if all(len(r) == 1 for r in rows):
-        return "local"
     ascending = all(all(a < b for a, b in zip(r, r[1:])) for r in rows)
-    if default_backend.lower() == "nccl" and backend == "nccl" and bound_device and ascending:
+    if default_backend.lower() in ("nccl", "fake") and backend == default_backend.lower() and bound_device and ascending:
         return "split"
     return "new_group"
 

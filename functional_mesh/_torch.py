@@ -15,6 +15,11 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
   ``_MeshLayout`` and ``DeviceMesh(_layout=, _rank_map=, _root_mesh=, _init_backend=False)``, to
   hand torch the product groups realize made when it flattens a mesh itself;
 - ``distributed_c10d._get_default_group()`` and ``_get_default_store()``;
+- ``distributed_c10d._new_process_group_helper(...)`` (the same signature on 2.13.0, 2.14.1 and
+  2.15.0) and ``_world.pg_group_ranks``, to make the one-rank fake-backend group torch is lent for
+  size-1 axes (:func:`one_rank_group`) without advancing torch's group counter; the fake backend
+  is registered by importing ``torch.testing._internal.distributed.fake_pg`` (torch's own FSDP
+  module imports it too); ``ProcessGroup._get_backend(device).supports_splitting``;
 - ``torch._ops.OpOverload``/``OpOverloadPacket`` (``namespace``, ``name()``, ``_qualified_op_name``),
   to tell custom ops from aten ops;
 - ``torch.utils._pytree`` (re-exported here as ``pytree``) for argument trees;
@@ -27,8 +32,8 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
   unchanged from a trace: the base of the errors a compiled shard_map raises while tracing
   (:func:`trace_time_error`).
 
-Creates no process group. Pure floors reach this module only lazily (``NamedSharding.placements``)
-so that planning a mesh needs no torch.
+Creates no process group but one kind, for ``_realize`` only (:func:`one_rank_group`). Pure floors
+reach this module only lazily (``NamedSharding.placements``) so that planning a mesh needs no torch.
 """
 
 from __future__ import annotations
@@ -45,10 +50,10 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ._errors import MeshError, requires
 
-__all__ = ["PlacementPlan", "all_gather", "all_reduce", "all_to_all", "default_group", "default_store",
+__all__ = ["PlacementPlan", "all_gather", "all_reduce", "all_to_all", "can_split", "default_group", "default_store",
            "device_mesh_from_groups", "from_placements", "global_rank", "group_members", "group_name", "mesh_parts",
-           "op_overload_name", "pytree", "reduce_scatter", "register_flattened", "set_group_desc", "to_placements",
-           "torch_function_mode_active", "trace_time_error"]
+           "one_rank_group", "op_overload_name", "pytree", "reduce_scatter", "register_flattened", "set_group_desc",
+           "to_placements", "torch_function_mode_active", "trace_time_error"]
 
 # Per mesh axis: None (replicated) or (tensor dim, split factor): a factor of None is Shard(dim),
 # an int is _StridedShard(dim, split_factor=factor). Built by functional_mesh._sharding.placement_plan.
@@ -121,6 +126,37 @@ def default_group() -> Any:
 def default_store() -> Any:
     """The default group's store (``distributed_c10d._get_default_store``, private)."""
     return dist.distributed_c10d._get_default_store()
+
+
+def can_split(pg: Any) -> bool:
+    """Whether ``pg`` is bound to a device whose backend can ``split_group`` (NCCL; fake on torch >= 2.14)."""
+    device = getattr(pg, "bound_device_id", None)
+    if device is None:
+        return False
+    try:
+        return bool(pg._get_backend(device).supports_splitting)
+    except RuntimeError:  # no backend for that device
+        return False
+
+
+def one_rank_group(name: str, desc: str) -> Any:
+    """A process group of this rank alone on torch's fake backend: no communicator on any device.
+
+    For one rank every collective of the fake backend is exact (an all-reduce, broadcast or
+    scatter leaves the tensor as it is; a gather or reduce-scatter copies it), except that
+    ``ReduceOp.PREMUL_SUM`` does not apply its factor. Made with ``_new_process_group_helper``
+    under ``name``, not through ``new_group``: torch's group counter (which names every later
+    group, and on torch >= 2.14 counts local groups too) does not move, so one rank may make it
+    while the others do not. Only ``_realize`` calls this.
+    """
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
+
+    c10d = dist.distributed_c10d
+    rank = dist.get_rank()
+    pg, _ = c10d._new_process_group_helper(1, 0, [rank], "fake", default_store(), name,
+                                          timeout=dist.constants.default_pg_timeout, group_desc=desc)
+    c10d._world.pg_group_ranks[pg] = {rank: 0}  # what new_group records after the helper
+    return pg
 
 
 def op_overload_name(func: Any) -> tuple[str, str] | None:

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "functional_mesh"
-GROUP_CREATION = re.compile(r"\b(new_group|split_group|init_process_group|new_subgroups)\b")
+GROUP_CREATION = re.compile(r"\b(new_group|split_group|init_process_group|new_subgroups|one_rank_group|"
+                            r"_new_process_group_helper)\b")
 
 
 def _group_creating_calls(path: pathlib.Path) -> list[str]:
@@ -28,6 +29,9 @@ def _group_creating_calls(path: pathlib.Path) -> list[str]:
 def test_only_realize_creates_process_groups():
     calls = {p.name: _group_creating_calls(p) for p in PACKAGE.glob("*.py")}
     assert calls.pop("_realize.py"), "the reader sees no group creation in _realize.py"
+    # the torch boundary wraps torch's private constructor once (_torch.one_rank_group, the group
+    # lent for size-1 axes); _realize is its only caller
+    assert [c.split()[1] for c in calls.pop("_torch.py")] == ["_new_process_group_helper"]
     assert [c for found in calls.values() for c in found] == []
 
 

@@ -33,8 +33,8 @@ TUPLES = [("dp", "cp"), ("tp", "dp"), ("cp", "tp"), ("dp", "cp", "tp"), ("tp", "
 AXES = ["dp", "cp", "tp", *TUPLES]
 
 
-def realize(mesh: Mesh, products: bool):
-    return fm.realize(mesh, timeout=GROUP_TIMEOUT, check=CHECK_S, products=TUPLES if products else ())
+def realize(mesh: Mesh, products: bool, tuples=TUPLES):
+    return fm.realize(mesh, timeout=GROUP_TIMEOUT, check=CHECK_S, products=tuples if products else ())
 
 
 # -- the pure spec -------------------------------------------------------------------------------
@@ -86,11 +86,11 @@ def grad_of(fn, x: torch.Tensor, upstream) -> tuple[torch.Tensor, torch.Tensor]:
 # -- forward values ------------------------------------------------------------------------------
 
 
-def forward_values(mesh: Mesh, products: bool) -> list[str]:
-    rm = realize(mesh, products)
+def forward_values(mesh: Mesh, products: bool, axes=AXES, tuples=TUPLES) -> list[str]:
+    rm = realize(mesh, products, tuples)
     r = rm.rank
     bad = Mismatches()
-    for axis in AXES:
+    for axis in axes:
         mem, i = members_of(mesh, axis, r)
         n = len(mem)
         if isinstance(axis, tuple):
@@ -160,11 +160,11 @@ def all_to_all_untiled(mesh: Mesh, products: bool) -> list[str]:
 # -- autograd --------------------------------------------------------------------------------------
 
 
-def gradients(mesh: Mesh, products: bool) -> list[str]:
-    rm = realize(mesh, products)
+def gradients(mesh: Mesh, products: bool, axes=AXES, tuples=TUPLES) -> list[str]:
+    rm = realize(mesh, products, tuples)
     r = rm.rank
     bad = Mismatches()
-    for axis in AXES:
+    for axis in axes:
         mem, i = members_of(mesh, axis, r)
         n = len(mem)
 
@@ -252,6 +252,89 @@ def test_a_chain_of_collectives_backpropagates(w8, mesh_name):
 def test_all_to_all_untiled_follows_jax(w8, products):
     results = w8.run(all_to_all_untiled, MESHES["permuted"], products)
     assert results == [[]] * 8, "\n".join(f"rank {r}: {m}" for r, ms in enumerate(results) for m in ms[:10])
+
+
+# -- size-1 axes: no group, no communication, the values and gradients of the spec ----------------------
+#
+# The spec above does not care about sizes: over a size-1 axis a rank's group is itself, so psum is
+# the identity, ppermute [(0, 0)] too, a shift sends nothing (zeros), and a tuple with size-1 axes
+# is the tuple of the others. The same checks run on meshes with two size-1 axes, alone, together
+# (a size-1 product) and inside tuples, with and without product groups.
+
+SIZE1_NAMES = ("dp", "one", "tp", "unit")
+SIZE1_TUPLES = [("one", "unit"), ("dp", "one"), ("one", "tp"), ("tp", "one", "dp"), ("unit", "dp", "one", "tp")]
+SIZE1_AXES = ["one", "unit", "dp", "tp", *SIZE1_TUPLES]
+SIZE1_MESHES = {
+    "size-1": fm.make_mesh((2, 1, 4, 1), SIZE1_NAMES),
+    "size-1-permuted": Mesh.from_ranks(np.array([5, 1, 7, 3, 4, 0, 6, 2]).reshape(2, 1, 4, 1), SIZE1_NAMES),
+}
+
+
+@pytest.mark.parametrize("products", [True, False], ids=["products", "composed"])
+@pytest.mark.parametrize("mesh_name", list(SIZE1_MESHES))
+def test_size1_axes_give_the_values_of_the_spec(w8, mesh_name, products):
+    results = w8.run(forward_values, SIZE1_MESHES[mesh_name], products, SIZE1_AXES, SIZE1_TUPLES)
+    assert results == [[]] * 8, "\n".join(f"rank {r}: {m}" for r, ms in enumerate(results) for m in ms[:10])
+
+
+@pytest.mark.parametrize("products", [True, False], ids=["products", "composed"])
+@pytest.mark.parametrize("mesh_name", list(SIZE1_MESHES))
+def test_size1_axes_give_the_gradients_of_the_spec(w8, mesh_name, products):
+    results = w8.run(gradients, SIZE1_MESHES[mesh_name], products, SIZE1_AXES, SIZE1_TUPLES)
+    assert results == [[]] * 8, "\n".join(f"rank {r}: {m}" for r, ms in enumerate(results) for m in ms[:10])
+
+
+def _counts() -> tuple[int, int, int]:
+    from functional_mesh._cache import CACHE
+
+    world = torch.distributed.distributed_c10d._world
+    return world.group_count, len(world.pg_map), len(CACHE.created)
+
+
+def size1_costs(mesh: Mesh) -> dict:
+    """What realize creates for a mesh with size-1 axes, and what the collectives over them create."""
+    from functional_mesh._cache import CACHE
+
+    fm.clear_cache()
+    start = _counts()
+    rm = realize(mesh, True, SIZE1_TUPLES)
+    realized = _counts()
+    x = X(rm.rank, (4, 8)).requires_grad_(True)
+    outs = []
+    for axis in ["one", "unit", ("one", "unit"), ("dp", "one"), ("unit", "tp")]:
+        n = fm.axis_size(axis, mesh=rm)
+        outs += [fm.psum(x, axis, mesh=rm), fm.pvary(x, axis, mesh=rm), fm.pmean(x, axis, mesh=rm),
+                 fm.all_gather(x, axis, dim=1, mesh=rm), fm.psum_scatter(x, axis, dim=0, mesh=rm),
+                 fm.all_to_all(x, axis, 0, 1, mesh=rm), fm.ppermute(x, axis, [(k, (k + 1) % n) for k in range(n)],
+                                                                    mesh=rm)]
+    sum(o.sum() for o in outs).backward()
+    after = _counts()
+    return {"made": tuple(b - a for a, b in zip(start, realized)), "groups": fm.cache_info().groups,
+            "collectives_made": tuple(b - a for a, b in zip(realized, after)), "lent": CACHE.self_group is not None}
+
+
+def pure_new_rows(mesh: Mesh, axes: list) -> set[tuple[int, ...]]:
+    """The member tuples realize must create: every group of more than one rank, but the ascending world."""
+    rows = set()
+    for axis in axes:
+        fam = mesh[axis] if isinstance(axis, str) else mesh[axis].flatten(name="product")
+        rows |= {tuple(r) for r in fam.groups().reshape(fam.num_groups, -1).tolist() if len(r) > 1}
+    return rows - {tuple(range(8))}
+
+
+@pytest.mark.parametrize("mesh_name", list(SIZE1_MESHES))
+def test_size1_axes_cost_no_group_and_their_collectives_create_none(w8, mesh_name):
+    mesh = SIZE1_MESHES[mesh_name]
+    rows = pure_new_rows(mesh, [*mesh.axis_names, *SIZE1_TUPLES])
+    for rank, res in enumerate(w8.run(size1_costs, mesh)):
+        mine = sum(rank in r for r in rows)
+        # only the groups of dp, tp and the products of more than one rank: (group_count on every rank,
+        # pg_map and CACHE.created for this rank's); was: one more local singleton group per rank
+        assert res["made"] == (len(rows), mine, mine), (rank, res)
+        assert res["groups"] == len(rows)
+        # psum, pvary, pmean, all_gather, psum_scatter, all_to_all, ppermute over size-1 axes, alone
+        # and in tuples, forward and backward: no group made, none asked for (nothing lent)
+        assert res["collectives_made"] == (0, 0, 0) and res["lent"] is False, (rank, res)
 
 
 # -- the current mesh and errors ----------------------------------------------------------------------

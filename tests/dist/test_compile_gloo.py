@@ -39,6 +39,22 @@ CASES = {
     "current mesh": lambda x, m: fm.psum(x, "a") + fm.axis_index("b") + fm.all_gather(x, "b", dim=1).sum(1, True),
 }
 INDUCTOR = ["psum", "all_gather dim 1", "ppermute partial"]
+# On a (4, 1) mesh "b" has size 1: no group, one local step (a constant tuple with no group name),
+# alone and inside tuples; ppermute over ("a", "b") without its product group is one hop over "a"
+# (was: point to point, eager only, since "b" had a group of its own).
+SIZE1_CASES = {
+    "psum size-1": lambda x, m: fm.psum(x, "b", mesh=m),
+    "pvary size-1": lambda x, m: fm.pvary(x, "b", mesh=m) * 3,
+    "pmean size-1 tuple": lambda x, m: fm.pmean(x, ("b", "a"), mesh=m),
+    "all_gather size-1 untiled": lambda x, m: fm.all_gather(x, "b", dim=1, tiled=False, mesh=m),
+    "all_gather tuple with size-1": lambda x, m: fm.all_gather(x, ("a", "b"), dim=1, mesh=m),
+    "psum_scatter size-1": lambda x, m: fm.psum_scatter(x, "b", dim=1, mesh=m),
+    "all_to_all size-1": lambda x, m: fm.all_to_all(x, "b", 0, 1, mesh=m),
+    "ppermute size-1": lambda x, m: fm.ppermute(x, "b", [(0, 0)], mesh=m) + fm.ppermute(x, "b", [], mesh=m),
+    "ppermute tuple with size-1": lambda x, m: fm.ppermute(x, ("a", "b"), [(k, (k + 1) % 4) for k in range(4)],
+                                                          mesh=m),
+}
+CASES.update(SIZE1_CASES)
 
 
 def _run(fn, x0: torch.Tensor, m) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,10 +90,19 @@ def compiled_vs_eager(names: list[str], backends: list[str], sizes: tuple[int, i
 
 @pytest.mark.timeout(600)
 def test_every_collective_compiles_whole_on_eager_and_aot_eager(w4):
-    for rank, res in enumerate(w4.run(compiled_vs_eager, list(CASES), ["eager", "aot_eager"], (2, 2), timeout=600)):
+    names = [n for n in CASES if n not in SIZE1_CASES]
+    for rank, res in enumerate(w4.run(compiled_vs_eager, names, ["eager", "aot_eager"], (2, 2), timeout=600)):
         bad = {k: v for k, v in res.items() if v != (0, True, True)}
         assert bad == {}, f"rank {rank}: (graph breaks, output equal, gradient equal) per case: {bad}"
-        assert len(res) == len(CASES) * 2 * 2
+        assert len(res) == len(names) * 2 * 2
+
+
+@pytest.mark.timeout(600)
+def test_collectives_over_size1_axes_compile_whole(w4):
+    for rank, res in enumerate(w4.run(compiled_vs_eager, list(SIZE1_CASES), ["aot_eager"], (4, 1), timeout=600)):
+        bad = {k: v for k, v in res.items() if v != (0, True, True)}
+        assert bad == {}, f"rank {rank}: (graph breaks, output equal, gradient equal) per case: {bad}"
+        assert len(res) == len(SIZE1_CASES) * 2
 
 
 @pytest.mark.timeout(600)

@@ -148,8 +148,10 @@ def train(kind: str, mesh: Mesh) -> dict:
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     rm = realize(mesh)
     before = c10d_counts()
+    rm.device_mesh  # noqa: B018  (a size-1 dim holds the one-rank group lent to torch, made on first use)
+    lent = c10d_counts()
     model = tiny_model()
-    out: dict = {}
+    out: dict = {"lent": tuple(a - b for a, b in zip(lent, before))}
     if kind == "fsdp":  # 1-D
         fully_shard(model, mesh=rm.device_mesh)
         dp_index, dp_size = rm.coordinate[0], mesh.size
@@ -182,7 +184,7 @@ def train(kind: str, mesh: Mesh) -> dict:
     ref_params, ref_loss = reference()
     out["max_diff"] = max((a - b).abs().max().item() for a, b in zip(params, ref_params))
     out["loss"], out["ref_loss"] = loss, ref_loss
-    out["created"] = tuple(a - b for a, b in zip(c10d_counts(), before))
+    out["created"] = tuple(a - b for a, b in zip(c10d_counts(), lent))
     return out
 
 
@@ -191,6 +193,12 @@ TRAIN_CASES = {
     "hsdp-2d-permuted": ("hsdp", PERMUTED.rename({"dp": "replicate", "tp": "shard"})),
     "fsdp+tp": ("fsdp+tp", M24),
     "fsdp+tp-permuted": ("fsdp+tp", PERMUTED),
+    # size-1 dims: torch asks for their group (FSDP2 reads its rank and size; HSDP all-reduces over a
+    # size-1 replicate dim; TP's distribute_tensor scatters over a size-1 tp dim): the lent one
+    "fsdp-1d-size-1": ("fsdp", make_mesh((8, 1), ("x", "dp"))["dp"]),  # every rank alone
+    "hsdp-replicate-1": ("hsdp", make_mesh((1, 8), ("replicate", "shard"))),
+    "hsdp-shard-1": ("hsdp", PERMUTED.flatten().unflatten("dp_tp", {"replicate": 8, "shard": 1})),
+    "fsdp+tp-tp-1": ("fsdp+tp", make_mesh((8, 1), ("dp", "tp"))),
 }
 
 
@@ -202,10 +210,15 @@ def test_fsdp2_trains_like_one_process(w8, case):
         assert res["max_diff"] < 1e-5, (rank, res)
         assert abs(res["loss"] - res["ref_loss"]) < 1e-5, (rank, res)
         assert res["loss"] == results[0]["loss"]  # the same on every rank
-        assert res["created"] == (0, 0), res  # DeviceMesh/FSDP2/TP made no group of their own
-        # every parameter is sharded over the whole submesh (dp, or dp x tp), none is whole
+        assert res["created"] == (0, 0), res  # FSDP2/TP made no group of their own
+        # rm.device_mesh made none either, but the one-rank fake group lent to a size-1 dim: outside
+        # torch's group counter, once per process (until clear_cache)
+        assert res["lent"][0] == 0 and res["lent"][1] in ((0, 1) if 1 in mesh.axis_sizes else (0,)), res
+        # every parameter is sharded over the whole submesh (dp, or dp x tp) or, when its shard dim
+        # has size 1, whole on every rank
         submesh = mesh.group_of(rank).tolist()
-        assert res["sharded"] == [(True, submesh, True)] * 4, (rank, res["sharded"])
+        sharding = mesh.axis_sizes[1] if kind == "hsdp" else mesh.size
+        assert res["sharded"] == [(True, submesh, sharding > 1)] * 4, (rank, res["sharded"])
         if kind == "fsdp+tp":
             assert res["roots"] == [True, True, True]
             assert res["slices"] == (mesh["tp"].group_of(rank).tolist(), mesh["dp"].group_of(rank).tolist())

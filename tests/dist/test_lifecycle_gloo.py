@@ -41,7 +41,8 @@ from tests.dist._settings import CHECK_S, GROUP_TIMEOUT
 w4 = pool_fixture(4)
 
 M22 = make_mesh((2, 2), ("dp", "tp"))
-MESHES = [  # new groups (ascending and not), a size-1 axis (local groups), the default group
+MESHES = [  # new groups (ascending and not), a size-1 axis (no group; rm.group lends the one-rank fake
+    # group, which clear_cache destroys too), the default group
     M22,
     Mesh.from_ranks([[3, 2], [1, 0]], ("dp", "tp")),
     make_mesh((2, 1, 2), ("a", "one", "b")),

@@ -6,10 +6,11 @@ exist). The parent computes the expected values from it; the workers only report
 process groups that realize created actually do. Nothing expected is taken from realize.
 
 Counting groups: c10d names a world group by a counter that every rank bumps on every
-``new_group`` call (``_world.group_count``); local singleton groups get hashed names and, up
-to torch 2.13, do not bump it (torch >= 2.14 bumps it for them too, DESIGN.md §11.1: every
-rank makes its one singleton group once); ``_world.pg_map`` holds the groups this rank is a
-member of. :func:`plan` turns DESIGN.md §5 into those counts from the pure groups alone.
+``new_group`` call (``_world.group_count``); ``_world.pg_map`` holds the groups this rank is a
+member of. :func:`plan` turns DESIGN.md §5 into those counts from the pure groups alone. A
+size-1 axis creates nothing (no group, no counter step: DESIGN.md §11.1); the one-rank group
+torch is lent for it (``rm.group``, made on first use) is counted by neither, and the checks
+read it after the counts.
 """
 
 from __future__ import annotations
@@ -30,10 +31,6 @@ from tests.dist._settings import CHECK_S, GROUP_TIMEOUT
 
 w8 = pool_fixture(8)
 w4 = pool_fixture(4)
-
-# torch >= 2.14 counts local-synchronisation groups in group_count (DESIGN.md §11.1)
-LOCAL_GROUPS_COUNTED = torch.__version__ >= "2.14"
-
 
 
 
@@ -76,12 +73,12 @@ def plan(meshes: list[Mesh], world: int, products: dict[int, list] | None = None
     """DESIGN §5 as counts, from pure groups only, starting from an empty cache.
 
     For each realize call in order and each rank: how many world groups are created
-    (``new_group`` calls: one per member tuple nobody created yet, singletons and the
-    ascending whole world excepted), how many groups this rank joins (``pg_map``), and
-    ``cache_info().groups`` (distinct tuples created so far, members or not).
+    (``new_group`` calls: one per member tuple nobody created yet, the ascending whole world
+    excepted), how many groups this rank joins (``pg_map``), and ``cache_info().groups``
+    (distinct tuples created so far, members or not). A size-1 axis makes no group at all
+    (was: one local singleton per rank, counted once by torch >= 2.14).
     """
     made: set[tuple[int, ...]] = set()
-    singleton = False  # every rank's own one-rank group, made once at the first size-1 axis
     out = []
     for i, mesh in enumerate(meshes):
         axes = list(mesh.axis_names) + list((products or {}).get(i, []))
@@ -89,16 +86,12 @@ def plan(meshes: list[Mesh], world: int, products: dict[int, list] | None = None
         joined = [0] * world
         for axis in axes:
             missing = [r for r in rows(mesh, axis) if r not in made]
-            if not missing:
-                continue
+            if not missing or len(missing[0]) == 1:
+                continue  # nothing missing, or a size-1 axis: no group
             if missing == [tuple(range(world))]:
                 continue  # the default group is reused: nothing created, nothing counted
             made.update(missing)
-            if len(missing[0]) > 1:
-                world_new += len(missing)
-            elif not singleton:
-                singleton = True
-                world_new += LOCAL_GROUPS_COUNTED
+            world_new += len(missing)
             for r in missing:
                 for member in r:
                     joined[member] += 1
@@ -330,7 +323,7 @@ SEQUENCES = {
                 make_mesh((4,), ("tp",), devices=range(4, 8)), M3, M3.flatten(("dp", "cp"), name="dc"), M24],
     # a family half made already: only its missing row is created
     "partial": [make_mesh((4,), ("tp",), devices=range(4, 8)), M24, PERMUTED["tp"]],
-    # 5: size-1 axes are local singletons (one group_count bump in all on torch >= 2.14), shared across meshes
+    # 5: size-1 axes make no group (was: one local singleton per rank); rm.group lends a one-rank fake group
     "size-1": [make_mesh((2, 1, 4), ("dp", "sp", "tp")), make_mesh((1, 8), ("one", "w")),
                make_mesh((2, 1), ("a", "b"), devices=[1, 3]), make_mesh((8, 1), ("w", "one"))],
     # 6: the whole world in ascending order is the default group
@@ -349,7 +342,8 @@ def test_each_realize_creates_exactly_the_missing_groups(w8, name):
             want = expected[i][rank]
             got = {k: step[k] for k in want}
             assert got == want, (name, rank, i, mesh)
-            assert step["hits"] + step["misses"] == mesh.ndim
+            # every axis is one lookup, but a size-1 axis needs none (no group to find)
+            assert step["hits"] + step["misses"] == sum(size > 1 for size in mesh.axis_sizes)
             for axis in mesh.axis_names:
                 assert step["views"][axis] == expected_view(mesh, axis, rank), (rank, i, axis)
     if name == "sharing":  # the last mesh equals the first: all hits, nothing created

@@ -127,14 +127,33 @@ def test_a_second_realize_creates_nothing_and_counts_hits(world):
     assert again.group("tp") is fm.realize(mesh).group("tp")
 
 
-def test_size1_axes_make_local_singletons_only(world):
+def test_size1_axes_make_no_group_and_torch_is_lent_one_uncounted_one_rank_group(world):
+    # Was: each rank made one local singleton group per (backend, options). On NCCL that is a real
+    # one-rank communicator (hundreds of MiB of GPU memory, DESIGN.md §11.1), so a size-1 axis now
+    # costs no group at all; torch is lent a one-rank fake-backend group when it asks for one.
     calls = world(4, 8)
-    rm = fm.realize(fm.make_mesh((2, 1, 4), ("dp", "ep", "tp")))
-    assert calls["local"] == 1  # this rank's singleton, made once, without the other ranks
-    assert calls["world"] == len(rows(rm.mesh, "dp")) + len(rows(rm.mesh, "tp"))
-    assert dist.get_process_group_ranks(rm.group("ep")) == [4]
-    fm.realize(fm.make_mesh((1, 8), ("pp", "w")).flatten(("w",), name="w"))
-    assert calls["local"] == 1  # a second size-1 axis reuses the singleton
+    c10d = dist.distributed_c10d._world
+    mesh = fm.make_mesh((2, 1, 1, 4), ("dp", "ep", "pp", "tp"))
+    rm = fm.realize(mesh, products=[("ep", "pp"), ("dp", "ep")])
+    assert calls["local"] == calls["split_group"] == 0
+    assert calls["new_group"] == calls["world"] == len(rows(mesh, "dp")) + len(rows(mesh, "tp"))
+    assert fm.cache_info().groups == calls["world"]  # no tuple for the size-1 axes
+    made = calls["new_group"]
+    fm.realize(fm.make_mesh((1, 8), ("one", "w")))  # a size-1 axis and the default group: nothing new
+    assert calls["new_group"] == made
+    count, live = c10d.group_count, len(c10d.pg_map)
+    lent = rm.group("ep")  # asked for: this rank's one-rank group on the fake backend, made now
+    assert dist.get_process_group_ranks(lent) == [4] and dist.get_rank(lent) == 0 and lent.size() == 1
+    assert dist.get_backend(lent) == "fake" and lent.group_desc == "mesh_size1"
+    assert c10d.group_count == count and len(c10d.pg_map) == live + 1  # outside torch's group counter
+    assert calls["new_group"] == made and calls["split_group"] == 0  # nor through new_group / split_group
+    # one lent group for every size-1 axis and product, of every mesh
+    again = fm.realize(fm.make_mesh((1, 8), ("one", "w")))
+    assert rm.group("pp") is rm.group(("ep", "pp")) is rm.group(("ep",)) is again.group("one") is lent
+    assert rm.group(("dp", "ep")) is rm.group("dp")  # a product with a size-1 axis: the dp rows, shared
+    assert len(c10d.pg_map) == live + 1
+    fm.clear_cache()  # destroys it with the groups realize made
+    assert lent not in c10d.pg_map
 
 
 def test_the_whole_world_ascending_reuses_the_default_group(world):
@@ -352,20 +371,101 @@ def test_axes_must_name_axes_of_the_mesh(world):
     assert fm.realize(mesh, axes=()).coordinate == (0, 0)  # nothing realized, still a handle
 
 
-def test_every_rank_makes_one_singleton_group_even_outside_the_mesh(world):
-    # torch >= 2.14 names groups with a counter that counts local-synchronisation groups too:
-    # ranks that made different numbers of them would disagree on every later group's name
+def test_no_rank_makes_a_group_for_size1_axes_so_group_counters_stay_equal(world):
+    # Was: every rank made one singleton group, even outside the mesh, because torch >= 2.14 names
+    # groups with a counter that counts local groups too. Now no rank makes any for a size-1 axis,
+    # and the group lent to torch is made outside that counter: a member that asks for it and a
+    # non-member that does not end with equal counters, so every later group name agrees.
+    moved = {}
     for rank in (2, 6):
         calls = world(rank, 8)
+        c10d = dist.distributed_c10d._world
+        start = c10d.group_count
         mesh = fm.make_mesh((2, 2, 1), ("a", "b", "one"))  # devices 0..3: rank 6 is outside
         rm = fm.realize(mesh)
         fm.realize(mesh.rename({"one": "also_one"}))
-        fm.realize(fm.make_mesh((4, 1), ("c", "unit"), devices=[4, 5, 6, 7]))
-        assert calls["local"] == 1, (rank, calls)
+        other = fm.realize(fm.make_mesh((4, 1), ("c", "unit"), devices=[4, 5, 6, 7]))
+        assert calls["local"] == 0, (rank, calls)
         if rank == 2:
-            assert rm.group("one") is not None and dist.get_process_group_ranks(rm.group("one")) == [2]
+            assert dist.get_process_group_ranks(rm.group("one")) == [2] and other.group("unit") is None
         else:
-            assert rm.coordinate is None
+            assert rm.coordinate is None and rm.group("one") is None
+        rm.device_mesh  # noqa: B018  (a torch mesh with a size-1 dim, on the member)
+        moved[rank] = (c10d.group_count - start, calls["new_group"])
+    assert moved[2] == moved[6]
+
+
+@pytest.mark.parametrize("rank", [0, 5])
+def test_device_mesh_size1_dims_hold_the_lent_group(world, torch_groups, rank):
+    world(rank, 8)
+    mesh = fm.make_mesh((2, 1, 4, 1), ("dp", "one", "tp", "unit"))
+    rm = fm.realize(mesh, products=[("one", "unit"), ("dp", "one")])
+    dm = rm.device_mesh
+    assert dm.mesh_dim_names == mesh.axis_names and tuple(dm.get_coordinate()) == mesh.coordinate(rank)
+    assert dm.mesh.tolist() == mesh.group_of(rank).tolist() and dm.size(1) == dm.size(3) == 1
+    lent = rm.group("one")
+    # what FSDP2 reads of a size-1 dim (get_group, rank, size) and what distribute_tensor talks over
+    assert dm.get_group("one") is lent is dm.get_group("unit") and dm.get_local_rank("one") == 0
+    assert dm.get_group("tp") is rm.group("tp") and dm.get_group("dp") is rm.group("dp")
+    # selections in mesh order are torch slices of the root
+    assert rm["one", "tp"].device_mesh._get_root_mesh() is dm and rm["one"].device_mesh.get_group() is lent
+    # torch flattening size-1 dims (FSDP2 flattens dp_shard x cp itself) finds the realized products
+    assert dm["one", "unit"]._flatten("one_unit").get_group() is lent
+    assert dm["dp", "one"]._flatten("dp_one").get_group() is rm.group("dp")
+    assert sum(torch_groups.values()) == 0, f"torch made groups of its own: {torch_groups}"
+    # a size-1 axis left out by realize(axes=) stays left out (explicit), a dim without a group
+    part = fm.realize(mesh, axes=("dp", "tp"))
+    with pytest.raises(fm.MeshError, match=r"an axis whose groups were realized, but got axis='one'"):
+        part.group("one")
+    with pytest.raises(RuntimeError, match="functional_mesh:unrealized:one"):
+        part.device_mesh.get_group("one")
+
+
+def _why_torch_cannot_split(world) -> str | None:
+    """Why this torch cannot ``split_group`` a fake default group bound to a device, or None."""
+    world(0, 2)
+    default = dist.distributed_c10d._get_default_group()
+    default.bound_device_id = torch.device("cuda", 0)
+    if not default._get_backend(torch.device("cpu")).supports_splitting:  # torch 2.13
+        return f"torch {torch.__version__}'s fake backend cannot split (FakeProcessGroup.supports_splitting is False)"
+    try:
+        dist.split_group(split_ranks=[[0, 1]])
+    except RuntimeError as exc:  # torch 2.14.1: split_group wants an accelerator (or torchcomms)
+        return (f"torch {torch.__version__} cannot split a fake default group bound to a device without an "
+                f"accelerator: {exc}")
+    return None
+
+
+def test_the_split_group_path_makes_one_split_per_axis_and_none_for_size1_axes(world):
+    # The NCCL path (default group bound to a device, DESIGN.md §5), simulated on the fake backend,
+    # which can split on torch 2.15 without a GPU. One split_group call per axis of size > 1, made
+    # by every rank (a rank in no split gets GroupMember.NON_GROUP_MEMBER, -100, on torch >= 2.14,
+    # kept as None); nothing for the size-1 axis; counters equal inside and outside the mesh.
+    reason = _why_torch_cannot_split(world)
+    if reason is not None:
+        pytest.skip(reason)
+    mesh = fm.make_mesh((2, 1, 2), ("dp", "one", "tp"), devices=range(4))  # ranks 4..7 outside
+    moved = {}
+    for rank in (1, 6):
+        calls = world(rank, 8)
+        dist.distributed_c10d._get_default_group().bound_device_id = torch.device("cuda", 0)  # as device_id= does
+        c10d = dist.distributed_c10d._world
+        start = c10d.group_count
+        # (A product against mesh order would be a new_group, which torch 2.15 cannot make on a rank
+        # outside it under a bound fake default group: FakeProcessGroup has no perform_nocolor_split.)
+        rm = fm.realize(mesh, products=[("dp", "tp")])
+        assert calls["split_group"] == 3 and calls["new_group"] == 0, (rank, calls)
+        if rank == 1:
+            for axis in ("dp", "tp"):
+                assert dist.get_process_group_ranks(rm.group(axis)) == mesh[axis].group_of(1).tolist()
+                assert dist.get_backend(rm.group(axis)) == "fake"
+            assert dist.get_process_group_ranks(rm.group(("dp", "tp"))) == [0, 1, 2, 3]
+            assert dist.get_process_group_ranks(rm.group("one")) == [1]  # lent, not split
+            assert tuple(rm.device_mesh.get_coordinate()) == mesh.coordinate(1)
+        else:
+            assert [rm.group(a) for a in ("dp", "one", "tp", ("dp", "tp"))] == [None] * 4
+        moved[rank] = c10d.group_count - start
+    assert moved[1] == moved[6]
 
 
 @pytest.fixture

@@ -86,7 +86,7 @@ def meshes() -> list[fm.Mesh]:
         base.flatten(("tp", "cp")),  # the same rank sets in another order: other groups
         base["tp", "dp"],  # a family of 2-D submeshes: axes shared with base
         fm.Mesh.from_ranks(list(reversed(range(WORLD))), ("w",)).unflatten("w", {"a": 128, "b": 8}),  # permuted
-        fm.make_mesh((8, 1, 128), ("x", "one", "y")),  # a size-1 axis: local singletons
+        fm.make_mesh((8, 1, 128), ("x", "one", "y")),  # a size-1 axis: no group; torch is lent one, made once
         fm.make_mesh((WORLD,), ("w",)),  # the whole world, ascending: the default group
     ]
 
@@ -103,9 +103,10 @@ def test_concurrent_realize_makes_one_group_per_member_tuple_and_consistent_coun
     # What must exist, from the pure meshes alone
     tuples = {row for m in ms for a in m.axis_names for row in pure_rows(m, a)} - {world_order}
     world_groups = {t for t in tuples if len(t) > 1}  # new_group on every rank (c10d's counter)
-    mine = {t for t in tuples if RANK in t}  # groups this rank belongs to (c10d's pg_map)
-    axis_keys = {(m[a].axis_layout(a), m[a].device_list) for m in ms for a in m.axis_names}
-    lookups = n_threads * repeats * sum(m.ndim for m in ms)
+    mine = {t for t in tuples if RANK in t}  # groups this rank belongs to (c10d's pg_map); (RANK,): the lent one
+    # size-1 axes need no lookup and no group (DESIGN.md §11.1: no one-rank communicator)
+    axis_keys = {(m[a].axis_layout(a), m[a].device_list) for m in ms for a in m.axis_names if m.axis_size(a) > 1}
+    lookups = n_threads * repeats * sum(1 for m in ms for a in m.axis_names if m.axis_size(a) > 1)
 
     c10d = dist.distributed_c10d._world
     count0, pg_map0 = c10d.group_count, len(c10d.pg_map)
@@ -128,13 +129,14 @@ def test_concurrent_realize_makes_one_group_per_member_tuple_and_consistent_coun
 
     assert run_threads(n_threads, realize_all) == []
     assert wrong == []
-    assert {t: len(ids) for t, ids in seen.items() if len(ids) != 1} == {}  # one object per tuple
-    # each tuple created once, by one thread; torch >= 2.14 also counts the one local singleton group
-    singleton = torch.__version__ >= "2.14" and any(len(t) == 1 for t in tuples)
-    assert c10d.group_count - count0 == len(world_groups) + singleton
+    # one object per tuple: also one lent group for (RANK,), however many threads asked at once
+    assert {t: len(ids) for t, ids in seen.items() if len(ids) != 1} == {}
+    # each tuple created once, by one thread; the lent one-rank group is not counted by torch
+    # (was: + 1 on torch >= 2.14 for the one local singleton group every rank made)
+    assert c10d.group_count - count0 == len(world_groups)
     assert len(c10d.pg_map) - pg_map0 == len(mine)
     info = fm.cache_info()
-    assert info == fm.CacheInfo(hits=lookups - len(axis_keys), misses=len(axis_keys), groups=len(tuples))
+    assert info == fm.CacheInfo(hits=lookups - len(axis_keys), misses=len(axis_keys), groups=len(world_groups))
 
 
 def test_clear_cache_racing_with_realize_leaves_only_the_default_group(fake_world, interleave):

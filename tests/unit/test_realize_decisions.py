@@ -87,17 +87,24 @@ ROWS_PERM = [(7, 6), (5, 4), (3, 2), (1, 0)]
         ([tuple(range(8))], "gloo", "gloo", False, "default"),  # whole world, ascending: reuse
         ([tuple(range(8))], "nccl", "gloo", True, "new_group"),  # other backend: a new group
         ([tuple(reversed(range(8)))], "gloo", "gloo", False, "new_group"),  # order differs: not the world
-        ([(0,), (1,), (2,)], "gloo", "gloo", False, "local"),  # size-1 axis: local singletons
-        ([(0,), (1,)], "nccl", "nccl", True, "local"),
+        # size-1 axis: no group on any backend (was "local": one singleton per rank, which on NCCL is a
+        # real one-rank communicator, hundreds of MiB of GPU memory; DESIGN.md §11.1)
+        ([(0,), (1,), (2,)], "gloo", "gloo", False, "none"),
+        ([(0,), (1,)], "nccl", "nccl", True, "none"),
+        ([(0,)], "gloo", "gloo", False, "none"),  # a world of one: still no group (not the default group)
         (ROWS_ASC, "nccl", "nccl", True, "split"),  # NCCL bound to a device, ascending: one split
         (ROWS_ASC, "nccl", "nccl", False, "new_group"),  # not bound: split_group is unavailable
         (ROWS_PERM, "nccl", "nccl", True, "new_group"),  # split_group sorts members: keep mesh order
         (ROWS_ASC, "gloo", "gloo", False, "new_group"),
         (ROWS_ASC, "nccl", "gloo", True, "new_group"),  # gloo groups in an NCCL job
+        (ROWS_ASC, "fake", "fake", True, "split"),  # the fake backend simulating a bound NCCL group
+        (ROWS_ASC, "fake", "fake", False, "new_group"),
+        (ROWS_ASC, "gloo", "gloo", True, "new_group"),  # only NCCL (or fake) splits here
     ],
 )
 def test_creation_method(rows, default, backend, bound, expected):
-    assert creation_method(rows, 8, default, backend, bound) == expected
+    world = 1 if rows == [(0,)] else 8
+    assert creation_method(rows, world, default, backend, bound) == expected
 
 
 @pytest.mark.parametrize(
