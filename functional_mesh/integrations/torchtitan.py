@@ -336,8 +336,8 @@ def _realize_view(view: View, options: Mapping[str, Any]) -> tuple[Any, Any, tup
 
     Groups for the real axes and products only, when this functional_mesh can build a torch
     ``DeviceMesh`` over a mesh realized with ``axes=``. Otherwise the axes torchtitan keeps on its
-    fake backend get groups too: size-1 axes share one local singleton group per rank, a larger
-    fake axis (``efsdp`` when ep = 1) costs real groups, never used.
+    fake backend get groups too: a size-1 axis costs none (realize makes no group for it), a
+    larger fake axis (``efsdp`` when ep = 1) costs real groups, never used.
     """
     rm = fm.realize(view.mesh, axes=view.real, products=view.products, **options)
     try:
