@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 
 export OMP_NUM_THREADS := 1
 
-.PHONY: install test compat test-multinode fuzz demo bench docs clean
+.PHONY: install test compat test-torchtitan test-multinode fuzz demo bench docs clean FORCE
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,46 @@ COMPAT_TESTS := tests/oracle tests/fake tests/dist tests/jax_oracle tests/multin
 	tests/test_purity.py tests/test_examples.py tests/test_examples_dist.py
 compat: $(STAMP)
 	$(PY) -m pytest -q $(COMPAT_TESTS)
+
+# The torchtitan suite (tests/torchtitan, docs/torchtitan.md): torchtitan 0.3.0's own ParallelDims and
+# llama3 training against ours. Its own venv per torch, since torchtitan's dependencies are not ours:
+# .venv-titan for 2.13.0, .venv-titan-$(TORCH) for any other (`make test-torchtitan TORCH=2.14.1`).
+# FM_TITAN_CASES=a,b picks the llama3 cases (default all; spmd_types skips below torch 2.14).
+TITAN_VENV  := $(if $(filter 2.13.0,$(TORCH)),.venv-titan,.venv-titan-$(TORCH))
+TITAN_PY    := $(TITAN_VENV)/bin/python
+TITAN_STAMP := $(TITAN_VENV)/.installed
+# torchtitan and the packages it imports by name, --no-deps: its declared dependencies pull more than it
+# imports (wandb, an unpinned torch through torchdata). triton: torchtitan.models imports it
+# (distributed/minimal_async_ep/kernels.py); the 2.13.0 CPU build brings none, CUDA builds their own.
+TITAN_NODEPS := torchtitan==0.3.0 spmd_types==0.2.3 torchdata==0.11.0 $(if $(filter 2.13.0,$(TORCH)),triton==3.7.0)
+# What torchtitan imports on the tests' and the example's path, pinned, under the torch constraint:
+# torchtitan.trainer (which its model configs import) pulls all five. Its other dependencies (einops,
+# safetensors, torch_checkpointing, wandb) are imported by none of it.
+TITAN_DEPS := tyro==1.0.17 tensorboard==2.21.0 pillow==13.0.0 datasets==4.7.0 tokenizers==0.23.3
+# The stamp holds the whole pinned set: a venv whose stamp says otherwise is brought up to date.
+TITAN_SPEC := $(strip torch==$(TORCH) $(TITAN_NODEPS) $(TITAN_DEPS))
+ifneq ($(strip $(shell cat $(TITAN_STAMP) 2>/dev/null)),$(TITAN_SPEC))
+$(TITAN_STAMP): FORCE
+endif
+
+$(TITAN_STAMP): pyproject.toml
+	test -x $(TITAN_PY) || $(PYTHON) -m venv $(TITAN_VENV)
+	$(TITAN_PY) -m pip install --quiet --upgrade pip
+	# torch first and pinned, then everything else under a constraint that keeps it (as for the main venv).
+	$(TITAN_PY) -m pip install --quiet torch==$(TORCH)
+	echo "torch==$(TORCH)" > $(TITAN_VENV)/constraints.txt
+	$(TITAN_PY) -m pip install --quiet -c $(TITAN_VENV)/constraints.txt -e ".[test]"
+	$(TITAN_PY) -m pip install --quiet -c $(TITAN_VENV)/constraints.txt $(TITAN_DEPS)
+	$(TITAN_PY) -m pip install --quiet --no-deps $(TITAN_NODEPS)
+	$(TITAN_PY) -c 'import sys, torch; v = torch.__version__; sys.exit(0 if v.split("+")[0] == "$(TORCH)" else f"$(TITAN_VENV) has torch {v}, not $(TORCH)")'
+	# tests/torchtitan skips when torchtitan does not import: here that is an error, with the reason.
+	$(TITAN_PY) -c 'import torchtitan.trainer, torchtitan.models.llama3, torchtitan.distributed.spmd_types'
+	echo "$(TITAN_SPEC)" > $(TITAN_STAMP)
+
+# tests/test_examples.py: examples/torchtitan_llama3.py trains there (8 workers; spmd_types from torch 2.14 on).
+TITAN_TESTS := tests/torchtitan tests/test_examples.py
+test-torchtitan: $(TITAN_STAMP)
+	$(if $(FM_TITAN_CASES),FM_TITAN_CASES=$(FM_TITAN_CASES)) $(TITAN_PY) -m pytest -q $(TITAN_TESTS)
 
 # Two torchrun agents on this machine as two hosts of 4 ranks (c10d rendezvous on loopback):
 # realize, collectives and Mesh.host_span against the real hosts. Also part of `make test`.
@@ -68,4 +108,4 @@ docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info site
+	rm -rf $(VENV) $(TITAN_VENV) .pytest_cache .hypothesis *.egg-info site

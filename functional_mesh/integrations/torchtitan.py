@@ -334,12 +334,15 @@ def adopt(pd: Any, **realize_options: Any) -> Any:
 def _realize_view(view: View, options: Mapping[str, Any]) -> tuple[Any, Any, tuple[str, ...]]:
     """``(realized view, its torch DeviceMesh, fake axes that got groups)``.
 
-    Groups for the real axes and products only, when this functional_mesh can build a torch
-    ``DeviceMesh`` over a mesh realized with ``axes=``. Otherwise the axes torchtitan keeps on its
-    fake backend get groups too: a size-1 axis costs none (realize makes no group for it), a
-    larger fake axis (``efsdp`` when ep = 1) costs real groups, never used.
+    Groups for the real axes and products only (and the size-1 axes, which cost none), when this
+    functional_mesh can build a torch ``DeviceMesh`` over a mesh realized with ``axes=``. Otherwise
+    the axes torchtitan keeps on its fake backend get groups too: a larger fake axis (``efsdp``
+    when ep = 1) then costs real groups, never used.
     """
-    rm = fm.realize(view.mesh, axes=view.real, products=view.products, **options)
+    # a size-1 axis costs no group (realize makes none) yet answers torch's get_group (a lent
+    # one-rank group on the fake backend): spmd_types asks every dim of a view for its group
+    axes = tuple(n for n in view.mesh.axis_names if n in view.real or view.mesh.axis_size(n) == 1)
+    rm = fm.realize(view.mesh, axes=axes, products=view.products, **options)
     try:
         return rm, rm.device_mesh, ()
     except MeshError:

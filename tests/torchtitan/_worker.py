@@ -11,9 +11,11 @@ parallelism, made of torchtitan's own pieces: ``parallelize_llama``, ``set_deter
 ``clip_grad_norm_`` / ``dist_sum``, ``full_dtensor.parallelize_inputs``, ``get_spmd_context``.
 The Trainer itself is not built: it needs a tokenizer and a dataset from the network.
 
-CPU workarounds live here and only here (never in the library), each marked ``CPU WORKAROUND``:
-torchtitan assumes an accelerator (its ``device_type`` is "cuda" on a CPU-only machine), compiles
-FlexAttention with inductor, and trains in bfloat16 mixed precision.
+The model (llama3 at dim 64, 2 layers, vocab 256), the batches, the constants and the CPU
+workarounds are examples/torchtitan_llama3.py's, loaded from it, so the example is what is
+tested. CPU workarounds live in the example and in this harness, never in the library, each
+marked ``CPU WORKAROUND``: torchtitan assumes an accelerator (its ``device_type`` is "cuda" on a
+CPU-only machine), compiles FlexAttention with inductor, and trains in bfloat16 mixed precision.
 
 Only the standard library and torch are imported at module level: pytest imports this file for
 doctests in environments without torchtitan.
@@ -76,100 +78,22 @@ class GroupCounter:
                     setattr(module, kind, wrapped)
 
 
-# -- CPU workarounds (harness only) ------------------------------------------------------------
+# -- the model, the data and the CPU workarounds: the example's ----------------------------------------
 
 
-def cpu_workarounds() -> None:
-    """Make torchtitan 0.3.0 run on a CPU-only machine with gloo; each change says why."""
-    import torch
-    import torchtitan.distributed.parallel_dims as titan_parallel_dims
-    import torchtitan.tools.utils as titan_utils
-    from torchtitan.models.common.attention import FlexAttention
+def example() -> Any:
+    """examples/torchtitan_llama3.py as a module: its tiny llama3, batches, constants and CPU workarounds
+    (each marked ``CPU WORKAROUND`` there) are what this harness trains, so the two cannot drift."""
+    import importlib.util
 
-    # CPU WORKAROUND: torchtitan.tools.utils.device_type is `_get_available_device_type() or "cuda"`,
-    # "cuda" on a machine without an accelerator, and ParallelDims.build_mesh passes it to
-    # init_device_mesh (imported by name into parallel_dims). Our ParallelDims does not read it
-    # (functional_mesh follows the default group: gloo -> cpu).
-    titan_utils.device_type, titan_utils.device_module = "cpu", torch.cpu
-    titan_parallel_dims.device_type = "cpu"
-    # CPU WORKAROUND: FlexAttention runs torch.compile(flex_attention), and flex_attention has no
-    # backward on CPU in torch 2.13 (eager or compiled). The same attention -- softmax(q k^T * scale)
-    # v under the block mask's mask_mod -- as scaled_dot_product_attention over the dense mask.
-    FlexAttention._compiled_flex_attn = _flex_attention_as_sdpa
-
-
-def _flex_attention_as_sdpa(q: Any, k: Any, v: Any, *, score_mod: Any = None, block_mask: Any = None,
-                            scale: Any = None, enable_gqa: bool = False, return_aux: Any = None,
-                            kernel_options: Any = None) -> tuple[Any, Any]:
-    """flex_attention's result for a mask-only BlockMask, through SDPA (which has a CPU backward)."""
-    import torch.nn.functional as F
-    from torch.nn.attention.flex_attention import AuxOutput, create_mask
-
-    if score_mod is not None or (return_aux is not None and (return_aux.lse or return_aux.max_scores)):
-        raise NotImplementedError("the CPU stand-in for flex_attention takes a mask only and returns no aux")
-    mask = None
-    if block_mask is not None:
-        mask = create_mask(block_mask.mask_mod, q.shape[0], None, q.shape[-2], k.shape[-2], device=q.device)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=enable_gqa)
-    return out, AuxOutput()
-
-
-# -- the run -----------------------------------------------------------------------------------
-
-VOCAB, DIM, HEADS, LAYERS = 256, 64, 4, 2
-LOCAL_BATCH, SEED, LR = 2, 42, 8e-4
-
-
-def tiny_llama3(parallelism: Any, seq: int) -> Any:
-    """torchtitan's llama3 debug model at dim 64, 2 layers, 4 heads, vocab 256 (its own builders)."""
-    from torchtitan.models.common import (
-        ComplexRoPE,
-        Embedding,
-        Linear,
-        RMSNorm,
-        compute_ffn_hidden_dim,
-    )
-    from torchtitan.models.llama3 import (
-        _EMBEDDING_INIT,
-        _NORM_INIT,
-        Llama3Model,
-        _build_llama3_layers,
-        _output_linear_init,
-    )
-
-    config = Llama3Model.Config(
-        dim=DIM, vocab_size=VOCAB,
-        tok_embeddings=Embedding.Config(num_embeddings=VOCAB, embedding_dim=DIM, param_init=_EMBEDDING_INIT),
-        norm=RMSNorm.Config(normalized_shape=DIM, param_init=_NORM_INIT),
-        lm_head=Linear.Config(in_features=DIM, out_features=VOCAB, param_init=_output_linear_init(DIM)),
-        layers=_build_llama3_layers(
-            fuse_qkv=True, n_layers=LAYERS, dim=DIM, n_heads=HEADS,
-            hidden_dim=compute_ffn_hidden_dim(DIM, multiple_of=64),
-            rope=ComplexRoPE.Config(dim=DIM // HEADS, max_seq_len=seq, theta=500000, scaling="llama"),
-            attn_backend="flex",
-        ),
-    )
-
-    class _ParallelismOnly:  # Decoder.Config.update_from_config takes any config with .parallelism
-        pass
-
-    holder = _ParallelismOnly()
-    holder.parallelism = parallelism
-    config.update_from_config(config=holder)
-    return config
-
-
-def batches(steps: int, seq: int, batch_degree: int, batch_rank: int) -> list[tuple[Any, Any]]:
-    """Fixed token batches: one global batch per step, this data-parallel rank's rows of it."""
-    import torch
-
-    g = torch.Generator().manual_seed(SEED)
-    out = []
-    for _ in range(steps):
-        tokens = torch.randint(0, VOCAB, (LOCAL_BATCH * batch_degree, seq + 1), generator=g)
-        mine = tokens[batch_rank * LOCAL_BATCH:(batch_rank + 1) * LOCAL_BATCH]
-        out.append((mine[:, :-1].contiguous(), mine[:, 1:].contiguous()))
-    return out
+    name = "torchtitan_llama3_example"
+    if name not in sys.modules:
+        path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "torchtitan_llama3.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # torch.compile and pickling look modules up by name
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def run(args: argparse.Namespace, counter: GroupCounter) -> dict[str, Any]:
@@ -196,9 +120,10 @@ def run(args: argparse.Namespace, counter: GroupCounter) -> dict[str, Any]:
     parallelism = ParallelismConfig(
         data_parallel_replicate_degree=args.dp_replicate, data_parallel_shard_degree=args.dp_shard,
         context_parallel_degree=args.cp, tensor_parallel_degree=args.tp, spmd_backend=args.spmd_backend)
+    ex = example()  # the tiny model, batches and constants
     # CPU WORKAROUND: float32 parameters and reductions (FSDP's default bfloat16 params are slow on
     # CPU and would blur an exact comparison no more than float32 does; the comparison is exact either way).
-    training = TrainingConfig(local_batch_size=LOCAL_BATCH, seq_len=args.seq, steps=args.steps, max_norm=1.0,
+    training = TrainingConfig(local_batch_size=ex.LOCAL_BATCH, seq_len=args.seq, steps=args.steps, max_norm=1.0,
                               mixed_precision_param="float32", mixed_precision_reduce="float32")
     dist_utils.set_spmd_backend(args.spmd_backend)
 
@@ -216,8 +141,8 @@ def run(args: argparse.Namespace, counter: GroupCounter) -> dict[str, Any]:
     counter.phase = "run"
 
     device = torch.device("cpu")
-    dist_utils.set_determinism(pd, device, DebugConfig(seed=SEED), distinct_seed_mesh_dims=["pp"])
-    model_config = tiny_llama3(parallelism, args.seq)
+    dist_utils.set_determinism(pd, device, DebugConfig(seed=ex.SEED), distinct_seed_mesh_dims=["pp"])
+    model_config = ex.tiny_llama3(parallelism, args.seq)
     with torch.device("meta"):
         model = model_config.build()
     model = parallelize_llama(model, parallel_dims=pd, training=training, parallelism=parallelism,
@@ -234,8 +159,8 @@ def run(args: argparse.Namespace, counter: GroupCounter) -> dict[str, Any]:
     with torch.no_grad():
         model.init_weights(buffer_device=None)
     model.train()
-    optimizers = default_adamw(lr=LR).build(model_parts=[model])
-    loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config(global_vocab_size=VOCAB))
+    optimizers = default_adamw(lr=ex.LR).build(model_parts=[model])
+    loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config(global_vocab_size=ex.VOCAB))
     train_context = dist_utils.get_spmd_context(parallel_dims=pd)
 
     if pd.dp_enabled:
@@ -246,7 +171,7 @@ def run(args: argparse.Namespace, counter: GroupCounter) -> dict[str, Any]:
 
     steps = []
     t1 = time.perf_counter()
-    for inputs, labels in batches(args.steps, args.seq, batch_degree, batch_rank):
+    for inputs, labels in ex.batches(args.steps, args.seq, batch_degree, batch_rank):
         # torchtitan 0.3.0 Trainer.train_step, one microbatch, no PP
         optimizers.zero_grad(set_to_none=training.disable_cuda_graphs)
         local_valid_tokens = (labels != IGNORE_INDEX).sum()
@@ -311,7 +236,7 @@ def main() -> None:
     counter = GroupCounter()
     counter.install()  # before any group exists; the default group is not counted
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
-    cpu_workarounds()
+    example().cpu_workarounds()
     rank = dist.get_rank()
     result = run(args, counter)
     everyone: list[Any] = [None] * dist.get_world_size()
