@@ -2,11 +2,17 @@
 
 Nothing here creates a process group or communicates: ``distribute`` slices locally, and the
 readers only look at torch objects, through the torch boundary (``_torch.py``).
+
+Under ``torch.compile``, ``distribute`` and ``reshard`` break the graph no more than DTensor's own
+``from_local`` and ``redistribute``: what depends on the meshes alone (the checks, the placements,
+this rank's coordinate, the torch mesh) is a *plan*, made in plain Python while dynamo traces and
+a constant of the graph (``torch.compiler.assume_constant_result``); only the arithmetic on the
+tensor's shape is traced, so symbolic shapes work too.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -16,7 +22,7 @@ from ._errors import MeshError, requires
 from ._handle import resolve_mesh
 from ._layout import Layout
 from ._mesh import Mesh
-from ._sharding import NamedSharding, spec_from_plan
+from ._sharding import NamedSharding, PartitionSpec, spec_from_plan
 
 __all__ = ["distribute", "from_device_mesh", "reshard", "sharding_of"]
 
@@ -41,15 +47,77 @@ def distribute(tensor: torch.Tensor, sharding: NamedSharding, *, mesh: Any = Non
         raise TypeError(requires("distribute", "a NamedSharding", "sharding", sharding))
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(requires("distribute", "a torch.Tensor", "tensor", tensor))
-    if sharding.mesh != rm.mesh:
-        raise MeshError(requires("distribute", "the sharding's mesh to be the realized mesh", "sharding.mesh",
-                                 sharding.mesh, rm.mesh), mesh=rm.mesh)
-    slices = sharding.local_slices(tuple(tensor.shape), rm.rank)
-    if slices is None:
+    plan = _distribute_plan(rm, sharding.mesh, tuple(sharding.spec))
+    if plan.problem:
+        raise MeshError(plan.problem, mesh=rm.mesh)
+    if plan.splits is None:
         return None
-    local = tensor[slices].contiguous().clone()
-    return DTensor.from_local(local, rm.device_mesh, sharding.placements, run_check=False,
+    if len(plan.splits) > tensor.dim():
+        raise MeshError(requires("distribute", f"a tensor with at least as many dims as the spec ({len(plan.splits)})",
+                                 "tensor.shape", tuple(tensor.shape)) + f" for spec {plan.spec}", mesh=rm.mesh)
+    local = tensor[_block(tensor.shape, plan.splits)].contiguous().clone()
+    return DTensor.from_local(local, rm.device_mesh, plan.placements, run_check=False,
                               shape=tensor.shape, stride=tensor.stride())
+
+
+class _Plan(NamedTuple):
+    """What ``distribute`` or ``reshard`` needs of the meshes: a function of them alone, so a constant
+    of a compiled graph."""
+
+    problem: str  # the error message, or "" when the call is valid
+    placements: tuple[Any, ...] = ()  # the sharding's DTensor placements
+    # distribute: per spec dim, (axis size, this rank's index along it) per splitting axis, major
+    # first; None on a rank outside the mesh
+    splits: tuple[tuple[tuple[int, int], ...], ...] | None = None
+    spec: str = ""  # the spec, for messages (dynamo cannot format a PartitionSpec)
+
+
+# Under torch.compile the two plans run as plain Python while dynamo traces (their numpy, their
+# generator arguments to math.prod and building a torch DeviceMesh would each break the graph, or
+# fail: dynamo cannot build a DeviceMesh), and their answers are constants of the graph. Sound
+# because dynamo guards on their arguments: a realized mesh, a Mesh and a DTensor's torch mesh by
+# identity, the spec's entries by value, so another one is traced, and planned, anew. They take
+# the spec's entries, not the NamedSharding: one built inside the compiled function exists only as
+# dynamo's record while it traces, and its entries are constants either way (a Mesh made there is
+# refused with a message, not an internal error of dynamo's).
+@torch.compiler.assume_constant_result
+def _distribute_plan(rm: Any, mesh: Mesh, entries: tuple[Any, ...]) -> _Plan:
+    if _built_while_tracing(mesh):
+        return _Plan(_BUILT_WHILE_TRACING.format(api="distribute"))
+    if mesh != rm.mesh:
+        return _Plan(requires("distribute", "the sharding's mesh to be the realized mesh", "sharding.mesh", mesh,
+                              rm.mesh))
+    if rm.coordinate is None:
+        return _Plan("")
+    rm.device_mesh  # noqa: B018 - built now (it is made on first use), outside any trace
+    spec = PartitionSpec(*entries)
+    index = dict(zip(rm.axis_names, rm.coordinate, strict=True))
+    splits = tuple(tuple((rm.axis_size(a), index[a]) for a in spec.axes_of(d)) for d in range(len(spec)))
+    return _Plan("", NamedSharding(mesh, spec).placements, splits, str(spec))
+
+
+_BUILT_WHILE_TRACING = ("`{api}` requires, under torch.compile, a sharding whose Mesh was made outside the compiled "
+                        "function, but got one made inside it; make the mesh (or use rm.mesh) before compiling")
+
+
+def _built_while_tracing(mesh: Mesh) -> bool:
+    """Whether ``mesh`` was made inside the function dynamo traces: then a plan gets dynamo's unfinished
+    object (its attributes are only in dynamo's record of the trace), not a Mesh."""
+    return not hasattr(mesh, "_axis_names")
+
+
+def _block(shape: Any, splits: tuple[tuple[tuple[int, int], ...], ...]) -> tuple[slice, ...]:
+    """This rank's block of a tensor of ``shape``: per dim, torch.chunk's rule for each splitting axis
+    in turn (the rule of ``NamedSharding.local_slices``). Plain arithmetic: traced, also on symbolic sizes."""
+    out = []
+    for d, n in enumerate(shape):
+        start, length = 0, n
+        for size, i in splits[d] if d < len(splits) else ():
+            piece = -(-length // size) if length else 0
+            lo = min(i * piece, length)
+            start, length = start + lo, min(piece, length - lo)
+        out.append(slice(start, start + length))
+    return tuple(out)
 
 
 def sharding_of(dtensor: DTensor) -> NamedSharding:
@@ -75,11 +143,19 @@ def reshard(dtensor: DTensor, sharding: NamedSharding) -> DTensor:
         raise TypeError(requires("reshard", "a DTensor", "dtensor", dtensor))
     if not isinstance(sharding, NamedSharding):
         raise TypeError(requires("reshard", "a NamedSharding", "sharding", sharding))
-    dm, mesh = dtensor.device_mesh, sharding.mesh
-    rank = _torch.global_rank()
-    names = tuple(dm.mesh_dim_names or ())
+    dm = dtensor.device_mesh
+    plan = _reshard_plan(dm, sharding.mesh, tuple(sharding.spec), _torch.global_rank())
+    if plan.problem:
+        raise MeshError(plan.problem, mesh=sharding.mesh)
+    return dtensor.redistribute(dm, plan.placements)
+
+
+@torch.compiler.assume_constant_result
+def _reshard_plan(dm: Any, mesh: Mesh, entries: tuple[Any, ...], rank: int) -> _Plan:
+    if _built_while_tracing(mesh):
+        return _Plan(_BUILT_WHILE_TRACING.format(api="reshard"))
     submesh = mesh.group_of(rank)
-    if names != mesh.axis_names or submesh is None or dm.mesh.tolist() != submesh.tolist():
-        raise MeshError(requires("reshard", "a sharding on the mesh the DTensor lives on", "sharding.mesh", mesh,
-                                 f"the DTensor's mesh {from_device_mesh(dm)!r}"), mesh=mesh)
-    return dtensor.redistribute(dm, sharding.placements)
+    if tuple(dm.mesh_dim_names or ()) != mesh.axis_names or submesh is None or dm.mesh.tolist() != submesh.tolist():
+        return _Plan(requires("reshard", "a sharding on the mesh the DTensor lives on", "sharding.mesh", mesh,
+                              f"the DTensor's mesh {from_device_mesh(dm)!r}"))
+    return _Plan("", NamedSharding(mesh, PartitionSpec(*entries)).placements)
