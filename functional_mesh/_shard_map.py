@@ -265,18 +265,17 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
     @functools.wraps(f)
     def mapped(*args: Any) -> Any:
         if not torch.compiler.is_compiling():
-            return _call(f, mesh, check_vma, in_specs, out_specs, plans, args)
+            return _call(f, mesh, check_vma, in_specs, out_specs, args)
         try:
-            return _call(f, mesh, check_vma, in_specs, out_specs, plans, args)
+            return _call(f, mesh, check_vma, in_specs, out_specs, args)
         except MeshError as error:  # a type or boundary error while tracing: the user's error, not torch's
             _raise_from_trace(isinstance(error, _vma.VmaError), error.args[0])
 
-    plans = _Plans(check_vma)
     return mapped
 
 
 def _call(f: Callable[..., Any], mesh: RealizedMesh | None, check_vma: bool, in_specs: Any, out_specs: Any,
-          plans: _Plans, args: tuple) -> Any:
+          args: tuple) -> Any:
     rm = resolve_mesh("shard_map", mesh)
     if rm.coordinate is None:
         raise MeshError(requires("shard_map", "a rank that belongs to the mesh", "rank", rm.rank,
@@ -285,7 +284,7 @@ def _call(f: Callable[..., Any], mesh: RealizedMesh | None, check_vma: bool, in_
         raise MeshError("`shard_map` requires no enclosing shard_map region (nested regions are not "
                         "supported), but got one; call the inner function directly")
     region = _Region(rm, check_vma)
-    local = _enter_all(region, args, in_specs, plans)
+    local = _enter_all(region, args, in_specs)
     compiling = torch.compiler.is_compiling()
     if compiling:
         _COMPILED.append(region)
@@ -299,7 +298,7 @@ def _call(f: Callable[..., Any], mesh: RealizedMesh | None, check_vma: bool, in_
             _COMPILED.pop()
         else:
             _REGION.reset(token)
-    return _exit_all(region, out, out_specs, plans)
+    return _exit_all(region, out, out_specs)
 
 
 @torch.compiler.assume_constant_result
@@ -409,35 +408,37 @@ class _Plan:
         self.gathers = tuple((d, spec.axes_of(d)) for d in range(len(spec.entries)) if spec.axes_of(d))
 
 
-class _Plans:
-    """One mapped function's plans, by (mesh value, spec), made on first use."""
-
-    __slots__ = ("check_vma", "plans")
-
-    def __init__(self, check_vma: bool) -> None:
-        self.check_vma = check_vma
-        self.plans: dict[tuple[Any, PartitionSpec], _Plan] = {}
-
-    @torch.compiler.assume_constant_result
-    def of(self, rm: RealizedMesh, spec: PartitionSpec) -> _Plan:
-        """The plan of ``spec`` on ``rm``'s mesh. Under torch.compile this runs (in Python) while
-        tracing and its result is a constant of the trace; it also makes sure ``rm.device_mesh``
-        exists then, which a compiled program cannot build."""
-        rm.device_mesh  # noqa: B018 - built once per realized mesh (and kept by it), outside any trace
-        key = (rm.mesh, spec)  # the mesh value: equal meshes (a selection made again) share plans
-        plan = self.plans.get(key)
-        if plan is None:
-            plan = self.plans[key] = _Plan(rm, spec, self.check_vma)
-        return plan
+_PLANS: dict[tuple[Any, tuple[Any, ...], bool], _Plan] = {}  # (mesh value, spec entries, check_vma) -> plan
 
 
-def _enter_all(region: _Region, args: tuple, in_specs: Any, plans: _Plans) -> list[Any]:
+@torch.compiler.assume_constant_result
+def _plan_of(rm: RealizedMesh, entries: tuple[Any, ...], check_vma: bool) -> _Plan:
+    """The plan of the spec ``PartitionSpec(*entries)`` on ``rm``'s mesh, made once per mesh value.
+
+    Under torch.compile this runs (in Python) while tracing and its result is a constant of the
+    trace; it also makes sure ``rm.device_mesh`` exists then, which a compiled program cannot
+    build. It takes the spec's entries, not the spec: a shard_map made inside the compiled
+    function has specs that exist only as dynamo's record while it traces.
+    """
+    rm.device_mesh  # noqa: B018 - built once per realized mesh (and kept by it), outside any trace
+    key = (rm.mesh, entries, check_vma)  # the mesh value: equal meshes (a selection made again) share plans
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _Plan(rm, PartitionSpec(*entries), check_vma)
+    return plan
+
+
+def _plan(region: _Region, spec: PartitionSpec) -> _Plan:
+    return _plan_of(region.rm, tuple(spec), region.check_vma)
+
+
+def _enter_all(region: _Region, args: tuple, in_specs: Any) -> list[Any]:
     rm = region.rm
     entries, tree = _leaves("in_specs", in_specs, args)
     leaves = []
     for path, leaf, spec in entries:
         if isinstance(leaf, torch.Tensor):
-            plan = plans.of(rm, spec)
+            plan = _plan(region, spec)
             _check_shape(rm, path, leaf.shape, spec, plan)
             leaf = _enter(region, path, leaf, plan)
             if region.check_vma:
@@ -474,14 +475,14 @@ def _describe(value: DTensor) -> str:
         return f"a DTensor with placements {tuple(value.placements)}"
 
 
-def _exit_all(region: _Region, out: Any, out_specs: Any, plans: _Plans) -> Any:
+def _exit_all(region: _Region, out: Any, out_specs: Any) -> Any:
     rm = region.rm
     entries, tree = _leaves("out_specs", out_specs, out)
     if region.check_vma:
         failures = []
         for path, leaf, spec in entries:
             if isinstance(leaf, torch.Tensor):
-                plan = plans.of(rm, spec)
+                plan = _plan(region, spec)
                 varying, named = region.type_of(leaf), plan.axes
                 if varying - named:
                     failures.append((path, varying, named, plan.spec))
@@ -490,7 +491,7 @@ def _exit_all(region: _Region, out: Any, out_specs: Any, plans: _Plans) -> Any:
     leaves = []
     for path, leaf, spec in entries:
         if isinstance(leaf, torch.Tensor):
-            plan = plans.of(rm, spec)
+            plan = _plan(region, spec)
             if plan.rank > leaf.ndim:  # a result is local: only the rank rule applies
                 _check_shape(rm, path, leaf.shape, spec, plan)
             leaf = _exit(region, leaf, plan)

@@ -393,3 +393,23 @@ def test_the_shard_map_mlp_example_compiled_matches_eager(w4):
         assert res["steps"] == 3
         assert res["loss moved"] > 0  # it trains
         assert res["worst"] <= 1e-6, res  # every loss and every gradient, every step
+
+
+def shard_map_made_inside_compiled() -> tuple[int, bool]:
+    """A shard_map built inside the compiled function (its specs exist only while dynamo traces)."""
+    rm = fm.realize(fm.make_mesh((2,), ("tp",)), timeout=GROUP_TIMEOUT, check=CHECK_S)
+
+    def outer(x, w):
+        f = fm.shard_map(lambda a, b: fm.psum(a @ b, "tp"), mesh=rm, in_specs=(P(), P(None, "tp")), out_specs=P())
+        return f(x, w).to_local()
+
+    x, w = torch.randn(4, 8, dtype=torch.float64), torch.randn(8, 4, dtype=torch.float64)
+    torch._dynamo.reset()
+    breaks = torch._dynamo.explain(outer)(x, w).graph_break_count
+    torch._dynamo.reset()
+    return breaks, torch.equal(torch.compile(outer, fullgraph=True, backend="eager")(x, w), outer(x, w))
+
+
+@pytest.mark.timeout(300)
+def test_a_shard_map_made_inside_the_compiled_function(w2):
+    assert w2.run(shard_map_made_inside_compiled, timeout=300) == [(0, True), (0, True)]
