@@ -22,7 +22,7 @@ from ._errors import MeshError, requires
 from ._handle import resolve_mesh
 from ._layout import Layout
 from ._mesh import Mesh
-from ._sharding import NamedSharding, PartitionSpec, spec_from_plan
+from ._sharding import NamedSharding, PartitionSpec, chunk_block, spec_from_plan
 
 __all__ = ["distribute", "from_device_mesh", "reshard", "sharding_of"]
 
@@ -55,7 +55,7 @@ def distribute(tensor: torch.Tensor, sharding: NamedSharding, *, mesh: Any = Non
     if len(plan.splits) > tensor.dim():
         raise MeshError(requires("distribute", f"a tensor with at least as many dims as the spec ({len(plan.splits)})",
                                  "tensor.shape", tuple(tensor.shape)) + f" for spec {plan.spec}", mesh=rm.mesh)
-    local = tensor[_block(tensor.shape, plan.splits)].contiguous().clone()
+    local = tensor[chunk_block(tensor.shape, plan.splits)].contiguous().clone()
     return DTensor.from_local(local, rm.device_mesh, plan.placements, run_check=False,
                               shape=tensor.shape, stride=tensor.stride())
 
@@ -104,20 +104,6 @@ def _built_while_tracing(mesh: Mesh) -> bool:
     """Whether ``mesh`` was made inside the function dynamo traces: then a plan gets dynamo's unfinished
     object (its attributes are only in dynamo's record of the trace), not a Mesh."""
     return not hasattr(mesh, "_axis_names")
-
-
-def _block(shape: Any, splits: tuple[tuple[tuple[int, int], ...], ...]) -> tuple[slice, ...]:
-    """This rank's block of a tensor of ``shape``: per dim, torch.chunk's rule for each splitting axis
-    in turn (the rule of ``NamedSharding.local_slices``). Plain arithmetic: traced, also on symbolic sizes."""
-    out = []
-    for d, n in enumerate(shape):
-        start, length = 0, n
-        for size, i in splits[d] if d < len(splits) else ():
-            piece = -(-length // size) if length else 0
-            lo = min(i * piece, length)
-            start, length = start + lo, min(piece, length - lo)
-        out.append(slice(start, start + length))
-    return tuple(out)
 
 
 def sharding_of(dtensor: DTensor) -> NamedSharding:

@@ -147,7 +147,7 @@ class Layout(Frozen):
     @property
     def size(self) -> int:
         """Number of coordinates: the product of the mode sizes."""
-        return math.prod(s for s, _ in self.modes)
+        return math.prod([s for s, _ in self.modes])  # a list: torch.compile traces it
 
     @property
     def cosize(self) -> int:

@@ -224,7 +224,7 @@ class Mesh(Frozen):
     @property
     def num_groups(self) -> int:
         """Number of submeshes (groups) this mesh stands for."""
-        return math.prod(s for s, _ in self._complement)
+        return math.prod([s for s, _ in self._complement])
 
     @property
     def num_devices(self) -> int:

@@ -33,7 +33,7 @@ from ._errors import MeshError, requires
 from ._mesh import Mesh, axis_position
 from ._validate import Frozen, as_int
 
-__all__ = ["P", "NamedSharding", "PartitionSpec", "global_shape_of", "placement_plan", "spec_from_plan"]
+__all__ = ["P", "NamedSharding", "PartitionSpec", "chunk_block", "global_shape_of", "placement_plan", "spec_from_plan"]
 
 Entry = str | tuple[str, ...] | None
 
@@ -174,15 +174,9 @@ class NamedSharding:
         return self._slices(shape, dict(zip(self.mesh.axis_names, coord, strict=True)))
 
     def _slices(self, shape: tuple[int, ...], index: dict[str, int]) -> tuple[slice, ...]:
-        out = []
-        for d, n in enumerate(shape):
-            start, length = 0, n
-            for name in self.spec.axes_of(d):  # torch.chunk's rule, major axis first
-                piece = -(-length // self.mesh.axis_size(name)) if length else 0
-                lo = min(index[name] * piece, length)
-                start, length = start + lo, min(piece, length - lo)
-            out.append(slice(start, start + length))
-        return tuple(out)
+        splits = tuple(tuple((self.mesh.axis_size(name), index[name]) for name in self.spec.axes_of(d))
+                       for d in range(len(shape)))
+        return chunk_block(shape, splits)
 
     def devices_indices_map(self, global_shape: Sequence[int]) -> dict[int, tuple[slice, ...]]:
         """``{rank: slices}`` for every device of the mesh (every group of a family)."""
@@ -223,6 +217,21 @@ def global_shape_of(sharding: NamedSharding, api: str, global_shape: object) -> 
     return shape
 
 
+def chunk_block(shape: Sequence[int], splits: Sequence[Sequence[tuple[int, int]]]) -> tuple[slice, ...]:
+    """One member's block of a tensor of ``shape``: per dim, torch.chunk's rule for each
+    ``(axis size, index along it)`` in ``splits[dim]``, major axis first (dims past ``splits``
+    are whole). Plain arithmetic, so torch.compile traces it (on symbolic sizes too)."""
+    out = []
+    for d, n in enumerate(shape):
+        start, length = 0, n
+        for size, i in splits[d] if d < len(splits) else ():
+            piece = -(-length // size) if length else 0
+            lo = min(i * piece, length)
+            start, length = start + lo, min(piece, length - lo)
+        out.append(slice(start, start + length))
+    return tuple(out)
+
+
 def placement_plan(sharding: NamedSharding) -> tuple[tuple[int, int | None] | None, ...]:
     """Per mesh axis: ``None`` (replicated) or ``(dim, split_factor)``: DTensor's placements as values.
 
@@ -239,7 +248,7 @@ def placement_plan(sharding: NamedSharding) -> tuple[tuple[int, int | None] | No
         axes = spec.axes_of(d)
         for j, name in enumerate(axes):
             later_outer = [a for a in axes[:j] if order[a] > order[name]]
-            plan[order[name]] = (d, math.prod(mesh.axis_size(a) for a in later_outer) if later_outer else None)
+            plan[order[name]] = (d, math.prod([mesh.axis_size(a) for a in later_outer]) if later_outer else None)
     return tuple(plan)
 
 

@@ -185,7 +185,7 @@ def _shard_map_inputs(rm, specs, shapes, kind, seed=0):
     out = []
     for spec, shape in zip(flat_specs, shapes, strict=True):
         if isinstance(spec, dict):  # the "trees" program: {"x": spec}
-            (key, sub), = spec.items()
+            (key, _), = spec.items()
             out.append({key: torch.randn(shape, generator=g, dtype=torch.float64)})
             continue
         full = torch.randn(shape, generator=g, dtype=torch.float64)
