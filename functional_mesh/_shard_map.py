@@ -14,7 +14,9 @@ The region's boundary:
   ``VmaError`` listing every failing result); a result invariant over a named axis is cast to
   vary (backward ``psum``); each becomes a DTensor on ``rm.device_mesh``.
 
-Types live in a region-owned weak map, so none leaks onto the returned tensors.
+Types live in a region-owned map (weak in eager mode), so none leaks onto the returned tensors.
+Under torch.compile the whole region is traced: the types, the table's answers and the boundary's
+plans are decided while tracing, and the compiled code holds the ops, casts and collectives only.
 ``check_vma=False`` tracks nothing and uses JAX's untyped gradient convention instead.
 """
 
