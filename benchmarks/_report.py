@@ -85,6 +85,22 @@ def parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
     return p
 
 
+def mlp_parser(doc: str, default_reps: int) -> argparse.ArgumentParser:
+    """The options of the MLP step benchmarks (bench_shard_map, bench_compile): world, sizes, repetitions."""
+    p = parser(doc, "30 repetitions")
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--reps", type=int, help=f"timed repetitions per series (default {default_reps}; quick 30)")
+    p.set_defaults(default_reps=default_reps)
+    return p
+
+
+def mlp_row(args: argparse.Namespace) -> str:
+    """An MLP step benchmark's configuration, as its table row names it."""
+    return f"W={args.world}, hidden {args.hidden}, batch {args.batch}, float32"
+
+
 def start_run(bench: str) -> Run:
     """A :class:`Run` for this process: its command line as typed, the machine, the load now."""
     env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "PYTHONPATH") if os.environ.get(k))

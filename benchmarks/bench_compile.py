@@ -147,15 +147,10 @@ def step_worker(rank: int, world: int, port: int, reps: int, warmup: int, hidden
 
 def main() -> int:
     H.serve({"step": step_worker})
-    p = R.parser(__doc__, "30 repetitions")
-    p.add_argument("--world", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--reps", type=int, help="timed repetitions per series (default 300; quick 30)")
-    args = p.parse_args()
-    reps, warmup = args.reps or (30 if args.quick else 300), 5
+    args = R.mlp_parser(__doc__, 300).parse_args()
+    reps, warmup = args.reps or (30 if args.quick else args.default_reps), 5
     run, t0 = R.start_run(BENCH), time.perf_counter()
-    row = f"W={args.world}, hidden {args.hidden}, batch {args.batch}, float32"
+    row = R.mlp_row(args)
     ranks = H.run_pool(__file__, {"fn": "step", "reps": reps, "warmup": warmup, "hidden": args.hidden,
                                   "batch": args.batch}, args.world, timeout_s=1800)
     records: list[Any] = [R.Table(BENCH, "step", "MLP training step (forward + backward + SGD), gloo",
