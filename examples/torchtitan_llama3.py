@@ -158,6 +158,28 @@ def batches(steps: int, seq: int, batch_degree: int, batch_rank: int):
 # -- groups per rank ------------------------------------------------------------------------------
 
 
+def model_inputs(pd, parallelism, model, inputs, labels, device):
+    """torchtitan's Trainer.post_dataloading_process for one batch: positions and attention masks,
+    the sequence sharded over cp, the inputs typed for the spmd_backend. ``(inputs, labels, extra)``."""
+    from torchtitan.distributed import full_dtensor
+    from torchtitan.distributed.context_parallel import prepare_context_parallel_input
+
+    seq = inputs.shape[1]
+    positions = torch.arange(seq, device=device).expand(inputs.shape[0], seq)
+    extra = {"positions": positions, "attention_masks": model.get_attention_masks(positions=positions)}
+    if pd.cp_enabled:  # shard the sequence (and the masks) over cp
+        inputs, labels, extra = prepare_context_parallel_input(
+            inputs, labels, extra, pd.get_mesh("cp"), device, parallelism.context_parallel_load_balancer,
+            parallelism.context_parallel_ptrr_mask_key)
+    if parallelism.spmd_backend == "full_dtensor":
+        inputs, labels, extra = full_dtensor.parallelize_inputs(pd, inputs, labels, extra)
+    elif parallelism.spmd_backend == "spmd_types":
+        from torchtitan.distributed.spmd_types import annotate_input_spmd_types
+
+        inputs, labels, extra = annotate_input_spmd_types(pd, inputs, labels, extra)
+    return inputs, labels, extra
+
+
 def group_lines(pd, family) -> list[str]:
     """This rank's group on every axis that has one, view by view."""
     lines = [f"{'view':<12} {'mesh value':<52} this rank's group per axis"]
@@ -200,9 +222,7 @@ def main() -> None:
     from torchtitan.components.loss import IGNORE_INDEX, CrossEntropyLoss
     from torchtitan.components.optimizer import default_adamw
     from torchtitan.config import CompileConfig, DebugConfig, ParallelismConfig, TrainingConfig
-    from torchtitan.distributed import full_dtensor
     from torchtitan.distributed import utils as dist_utils
-    from torchtitan.distributed.context_parallel import prepare_context_parallel_input
     from torchtitan.distributed.parallel_dims import ParallelDims
 
     parallelism = ParallelismConfig(
@@ -252,18 +272,7 @@ def main() -> None:
         optimizers.zero_grad(set_to_none=training.disable_cuda_graphs)
         local_tokens = (labels != IGNORE_INDEX).sum()
         global_tokens = dist_utils.dist_sum_tensor(local_tokens, batch_mesh) if batch_mesh else local_tokens
-        positions = torch.arange(args.seq, device=device).expand(inputs.shape[0], args.seq)
-        extra = {"positions": positions, "attention_masks": model.get_attention_masks(positions=positions)}
-        if pd.cp_enabled:  # shard the sequence (and the masks) over cp
-            inputs, labels, extra = prepare_context_parallel_input(
-                inputs, labels, extra, pd.get_mesh("cp"), device, parallelism.context_parallel_load_balancer,
-                parallelism.context_parallel_ptrr_mask_key)
-        if args.spmd_backend == "full_dtensor":
-            inputs, labels, extra = full_dtensor.parallelize_inputs(pd, inputs, labels, extra)
-        elif args.spmd_backend == "spmd_types":
-            from torchtitan.distributed.spmd_types import annotate_input_spmd_types
-
-            inputs, labels, extra = annotate_input_spmd_types(pd, inputs, labels, extra)
+        inputs, labels, extra = model_inputs(pd, parallelism, model, inputs, labels, device)
         with train_context():
             loss, _ = loss_fn(model(inputs, **extra), labels, global_tokens)
             with spmd_types.no_typecheck():  # as torchtitan's Trainer: typechecking in the forward only

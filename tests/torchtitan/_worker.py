@@ -108,9 +108,7 @@ def run(args: argparse.Namespace, counter: GroupCounter) -> dict[str, Any]:
         ParallelismConfig,
         TrainingConfig,
     )
-    from torchtitan.distributed import full_dtensor
     from torchtitan.distributed import utils as dist_utils
-    from torchtitan.distributed.context_parallel import prepare_context_parallel_input
     from torchtitan.distributed.parallel_dims import ParallelDims
     from torchtitan.models.llama3 import parallelize_llama
 
@@ -178,18 +176,7 @@ def run(args: argparse.Namespace, counter: GroupCounter) -> dict[str, Any]:
         global_valid_tokens = (dist_utils.dist_sum_tensor(local_valid_tokens, pd.get_mesh("batch"))
                                if pd.dp_enabled else local_valid_tokens)
         # Trainer.post_dataloading_process
-        positions = torch.arange(args.seq).expand(inputs.shape[0], args.seq)
-        extra = {"positions": positions, "attention_masks": model.get_attention_masks(positions=positions)}
-        if pd.cp_enabled:  # Trainer.post_dataloading_process: shard the sequence (and masks) over cp
-            inputs, labels, extra = prepare_context_parallel_input(
-                inputs, labels, extra, pd.get_mesh("cp"), device, parallelism.context_parallel_load_balancer,
-                parallelism.context_parallel_ptrr_mask_key)
-        if args.spmd_backend == "full_dtensor":
-            inputs, labels, extra = full_dtensor.parallelize_inputs(pd, inputs, labels, extra)
-        elif args.spmd_backend == "spmd_types":
-            from torchtitan.distributed.spmd_types import annotate_input_spmd_types
-
-            inputs, labels, extra = annotate_input_spmd_types(pd, inputs, labels, extra)
+        inputs, labels, extra = ex.model_inputs(pd, parallelism, model, inputs, labels, device)
         # Trainer._forward_backward_body
         with train_context():
             pred = model(inputs, **extra)
