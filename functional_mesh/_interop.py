@@ -50,11 +50,12 @@ def distribute(tensor: torch.Tensor, sharding: NamedSharding, *, mesh: Any = Non
     plan = _distribute_plan(rm, sharding.mesh, tuple(sharding.spec))
     if plan.problem:
         raise MeshError(plan.problem, mesh=rm.mesh)
+    rank = plan.rank  # checked on every rank, in the mesh or not: the same inputs, the same error
+    if rank > tensor.dim():
+        raise MeshError(requires("distribute", f"a tensor with at least as many dims as the spec ({rank})",
+                                 "tensor.shape", tuple(tensor.shape)) + f" for spec {plan.spec}", mesh=rm.mesh)
     if plan.splits is None:
         return None
-    if len(plan.splits) > tensor.dim():
-        raise MeshError(requires("distribute", f"a tensor with at least as many dims as the spec ({len(plan.splits)})",
-                                 "tensor.shape", tuple(tensor.shape)) + f" for spec {plan.spec}", mesh=rm.mesh)
     local = tensor[chunk_block(tensor.shape, plan.splits)].contiguous().clone()
     return DTensor.from_local(local, rm.device_mesh, plan.placements, run_check=False,
                               shape=tensor.shape, stride=tensor.stride())
@@ -70,6 +71,7 @@ class _Plan(NamedTuple):
     # first; None on a rank outside the mesh
     splits: tuple[tuple[tuple[int, int], ...], ...] | None = None
     spec: str = ""  # the spec, for messages (dynamo cannot format a PartitionSpec)
+    rank: int = 0  # the spec's rank: the fewest dims a tensor needs
 
 
 # Under torch.compile the two plans run as plain Python while dynamo traces (their numpy, their
@@ -87,13 +89,13 @@ def _distribute_plan(rm: Any, mesh: Mesh, entries: tuple[Any, ...]) -> _Plan:
     if mesh != rm.mesh:
         return _Plan(requires("distribute", "the sharding's mesh to be the realized mesh", "sharding.mesh", mesh,
                               rm.mesh))
-    if rm.coordinate is None:
-        return _Plan("")
-    rm.device_mesh  # noqa: B018 - built now (it is made on first use), outside any trace
     spec = PartitionSpec(*entries)
+    if rm.coordinate is None:
+        return _Plan("", spec=str(spec), rank=len(spec))
+    rm.device_mesh  # noqa: B018 - built now (it is made on first use), outside any trace
     index = dict(zip(rm.axis_names, rm.coordinate, strict=True))
     splits = tuple(tuple((rm.axis_size(a), index[a]) for a in spec.axes_of(d)) for d in range(len(spec)))
-    return _Plan("", NamedSharding(mesh, spec).placements, splits, str(spec))
+    return _Plan("", NamedSharding(mesh, spec).placements, splits, str(spec), len(spec))
 
 
 _BUILT_WHILE_TRACING = ("`{api}` requires, under torch.compile, a sharding whose Mesh was made outside the compiled "

@@ -362,6 +362,23 @@ FIXED_BUGS.update({
 })
 
 
+def _distribute_outside_bug() -> Any:
+    import torch
+
+    from tests.fuzz._world import fake_world
+
+    with fake_world(8, 9):  # rank 8 of 9: outside the (2, 4) mesh
+        rm = fm.realize(_M)
+        return fm.distribute(torch.zeros(()), fm.NamedSharding(_M, fm.P("dp")), mesh=rm)
+
+
+FIXED_BUGS.update({
+    "distribute-outside-unchecked": bad(
+        "on a rank outside the mesh, distribute of a 0-d tensor for P('dp') returns None: the spec's rank "
+        "was checked only on the mesh's ranks", _distribute_outside_bug, ()),
+})
+
+
 OPEN_BUGS: dict[str, Case] = {}
 
 
