@@ -87,7 +87,7 @@ test-multinode: $(STAMP)
 fuzz: $(STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q tests/fuzz
 
-# The main example (DESIGN.md §8): 3-D mesh, FSDP2 + TP, losses checked against one process.
+# The main example (README, make demo): 3-D mesh, FSDP2 + TP, losses checked against one process.
 # NPROC workers (default 8): gloo on CPU when no GPU is present, NCCL on GPUs.
 NPROC ?= 8
 demo: $(STAMP)

@@ -1,6 +1,6 @@
 """Converters and checks for user input, shared by every floor (pure: no torch).
 
-Two kinds, named by what they do (STYLE.md):
+Two kinds, named by what they do (docs/design.md, "House rules"):
 
 - ``as_*(api, ...)`` *converts*: it returns the value in its normal form (an ``int``, a tuple
   of names, an int64 array) or raises;

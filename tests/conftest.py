@@ -1,4 +1,4 @@
-"""Shared test configuration: hypothesis profiles (DESIGN.md §9) and import hygiene."""
+"""Shared test configuration: hypothesis profiles (docs/design.md, "Tests") and import hygiene."""
 
 import os
 import sys

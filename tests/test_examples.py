@@ -1,4 +1,4 @@
-"""Every example script runs (each once, DESIGN.md §9)."""
+"""Every example script runs (each once, docs/design.md "Tests")."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def test_plan_meshes_runs_without_torch_distributed():
         capture_output=True, text=True, timeout=60, check=True,
     )
     # The tutorial's groups are asserted inside the script. 100 distinct groups for this
-    # sequence is what torch's DeviceMesh creates (notes/torch_anchor.md §2d, legacy row).
+    # sequence is what torch's DeviceMesh creates (counted with torch 2.13's DeviceMesh).
     assert "9 axis families, 108 group rows, 100 distinct rank groups" in out.stdout
     # Megatron's groups for rank 0 at tp=4, cp=2, dp=2, pp=2 (strides 1, 4, 8, 16), by hand
     assert "token 'tp-cp': 4 groups, rank 0's: [0, 1, 2, 3, 4, 5, 6, 7]" in out.stdout

@@ -1,6 +1,6 @@
 """Every torchrun example runs once, on 8 CPU workers (gloo), and prints its key line.
 
-DESIGN.md §9: each example script runs once (one fresh world-8 launch each, ~10-25 s on 2
+docs/design.md, "Tests": each example script runs once (one fresh world-8 launch each, ~10-25 s on 2
 cores); the examples assert their own results on every rank, so exit code 0 means they held.
 GPUs are hidden so the launch is the same gloo run on every machine.
 """

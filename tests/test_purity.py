@@ -1,4 +1,4 @@
-"""Architecture rules of DESIGN.md §7: pure modules stay pure, one module creates groups."""
+"""Architecture rules of docs/design.md, "Floors": pure modules stay pure, one module creates groups."""
 
 from __future__ import annotations
 

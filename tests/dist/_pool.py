@@ -1,7 +1,7 @@
 """A reusable pool of real gloo workers on loopback: spawn once per test module, run many checks.
 
 A fresh world-8 launch costs ~7 s on two cores while one check inside a live world costs
-milliseconds (DESIGN.md §9), so each test module starts its pool once and sends it many checks::
+milliseconds (docs/design.md, "Tests"), so each test module starts its pool once and sends it many checks::
 
     w4 = pool_fixture(4)                    # module-scoped pytest fixture
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from functional_mesh import Mesh, make_mesh
 
-GROUP_TIMEOUT = 20  # seconds: the timeout of every group realize creates here (≤ 30 s, DESIGN §9)
+GROUP_TIMEOUT = 20  # seconds: the timeout of every group realize creates here (≤ 30 s, docs/design.md "Tests")
 CHECK_S = 10  # seconds: the divergence check's wait where no divergence is expected
 
 NAMES = ("dp", "cp", "tp")

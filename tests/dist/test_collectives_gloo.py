@@ -4,7 +4,7 @@ The spec is the PURE mesh: for an axis (a name, or a tuple = the product, first 
 the members of this rank's group, in mesh order, are ``mesh[axis].flatten().group_of(rank)``
 and this rank's index is its coordinate there. Every rank's input is a known function of its
 global rank, so each worker computes what every collective must return (and what every
-gradient must be, from the autograd rule of DESIGN.md §3) with plain torch from those members,
+gradient must be, from the autograd rules of docs/design.md, "Collectives and autograd") with plain torch from those members,
 never from the code under test. Each check returns a list of mismatches; the parent asserts
 it is empty on every rank.
 

@@ -1,7 +1,7 @@
 """The DTensor bridge on real gloo workers (world 8): ``fm.distribute`` and ``fm.sharding_of``.
 
 Expected shards come from the pure ``NamedSharding.local_slices`` and, independently, from
-torch.chunk's rule applied axis by axis in spec order (first axis major, DESIGN.md §3); the
+torch.chunk's rule applied axis by axis in spec order (first axis major, docs/design.md "Sharding"); the
 workers also compare with what torch's own ``distribute_tensor`` makes of ``sh.placements``.
 FSDP2 + TP parameters are decoded with ``sharding_of`` and each local shard is located in the
 full tensor by the decoded sharding's ``local_slices``.

@@ -2,7 +2,7 @@
 
 Mesh order reaches torch: DTensor puts data by group rank but computes offsets from
 ``get_coordinate()``, so on a permuted device list the two agree only if every group that
-realize made numbers its members in mesh order (design review item 1). Expected shards come
+realize made numbers its members in mesh order (docs/design.md, "Mesh order"). Expected shards come
 from the pure coordinate and torch.chunk's rule (pieces of ceil(n / k), nested per mesh dim);
 trained parameters come from a single-process reference run of the same model.
 """
@@ -101,7 +101,7 @@ def test_distribute_tensor_uneven_shards_follow_the_pure_coordinate(w8, case):
         assert res["full_equal"], rank
         assert res["dm_mesh"] == mesh.ranks.tolist() and res["dm_names"] == mesh.axis_names
         assert tuple(res["dm_coordinate"]) == mesh.coordinate(rank)
-        # the same mesh, although maybe over another device list (then unequal, DESIGN §6)
+        # the same mesh, although maybe over another device list (then unequal, docs/design.md "Edge cases")
         assert res["from_device_mesh"] == (mesh.axis_names, mesh.ranks.tolist()), rank
 
 

@@ -7,8 +7,8 @@ process groups that realize created actually do. Nothing expected is taken from 
 
 Counting groups: c10d names a world group by a counter that every rank bumps on every
 ``new_group`` call (``_world.group_count``); ``_world.pg_map`` holds the groups this rank is a
-member of. :func:`plan` turns DESIGN.md §5 into those counts from the pure groups alone. A
-size-1 axis creates nothing (no group, no counter step: DESIGN.md §11.1); the one-rank group
+member of. :func:`plan` turns docs/design.md ("Creation") into those counts from the pure groups alone. A
+size-1 axis creates nothing (no group, no counter step: docs/design.md "Size-1 axes"); the one-rank group
 torch is lent for it (``rm.group``, made on first use) is counted by neither, and the checks
 read it after the counts.
 """
@@ -70,7 +70,7 @@ def expected_view(mesh: Mesh, axis, rank: int) -> dict | None:
 
 
 def plan(meshes: list[Mesh], world: int, products: dict[int, list] | None = None) -> list[list[dict]]:
-    """DESIGN §5 as counts, from pure groups only, starting from an empty cache.
+    """docs/design.md "Creation" as counts, from pure groups only, starting from an empty cache.
 
     For each realize call in order and each rank: how many world groups are created
     (``new_group`` calls: one per member tuple nobody created yet, the ascending whole world
@@ -590,7 +590,7 @@ def test_an_absent_rank_zero_is_named_by_the_others(w4):
                r"verdict from rank 0 within 1 s; ranks not arrived: \[0\]")
     check_outcomes(outs, raised={r: ("MeshError", pattern) for r in (1, 2, 3)}, ok={0})
     # Rank 0's catch-up call for the number it missed: the others gave up on that call and
-    # raised, so it must not succeed either (DESIGN §4/§5: raise on every rank that got there;
+    # raised, so it must not succeed either (docs/design.md "Errors", "The divergence check": raise on every rank that got there;
     # had the mesh been a miss, rank 0 would go on alone into new_group and hang).
     outs = w4.outcomes(only_rank_realizes, 0, DIVERGE, 1)
     check_outcomes(outs, raised={0: ("MeshError", r"`realize` requires every rank to call it with an equal mesh, "

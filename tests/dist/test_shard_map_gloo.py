@@ -1,7 +1,7 @@
 """shard_map regions on real gloo workers (world 4, mesh ("x", "y") = (2, 2)): types, boundary, errors.
 
 Values and gradients against JAX itself are in tests/jax_oracle/; here the region's own contract
-(DESIGN.md §10, §10.1): what ``fm.typeof`` says after each kind of op, which writes and results are
+(docs/design.md, "Typed regions (shard_map)" and "Type rules"): what ``fm.typeof`` says after each kind of op, which writes and results are
 type errors (with their messages), the DTensor boundary, ``fm.reshard``, and the untyped mode.
 Expected values come from plain torch on the full tensors, never from the code under test.
 """

@@ -129,7 +129,7 @@ def test_a_second_realize_creates_nothing_and_counts_hits(world):
 
 def test_size1_axes_make_no_group_and_torch_is_lent_one_uncounted_one_rank_group(world):
     # Was: each rank made one local singleton group per (backend, options). On NCCL that is a real
-    # one-rank communicator (hundreds of MiB of GPU memory, DESIGN.md §11.1), so a size-1 axis now
+    # one-rank communicator (hundreds of MiB of GPU memory, docs/design.md "Size-1 axes"), so a size-1 axis now
     # costs no group at all; torch is lent a one-rank fake-backend group when it asks for one.
     calls = world(4, 8)
     c10d = dist.distributed_c10d._world
@@ -437,7 +437,7 @@ def _why_torch_cannot_split(world) -> str | None:
 
 
 def test_the_split_group_path_makes_one_split_per_axis_and_none_for_size1_axes(world):
-    # The NCCL path (default group bound to a device, DESIGN.md §5), simulated on the fake backend,
+    # The NCCL path (default group bound to a device, docs/design.md "Creation"), simulated on the fake backend,
     # which can split on torch 2.15 without a GPU. One split_group call per axis of size > 1, made
     # by every rank (a rank in no split gets GroupMember.NON_GROUP_MEMBER, -100, on torch >= 2.14,
     # kept as None); nothing for the size-1 axis; counters equal inside and outside the mesh.

@@ -77,7 +77,7 @@ def run_threads(n: int, target, *args) -> list[str]:
 
 
 def meshes() -> list[fm.Mesh]:
-    """Meshes whose groups overlap in every way the cache shares (DESIGN §5, §6)."""
+    """Meshes whose groups overlap in every way the cache shares (docs/design.md "The cache", "Edge cases")."""
     base = fm.make_mesh((16, 8, 8), ("dp", "cp", "tp"))
     return [
         base,
@@ -104,7 +104,7 @@ def test_concurrent_realize_makes_one_group_per_member_tuple_and_consistent_coun
     tuples = {row for m in ms for a in m.axis_names for row in pure_rows(m, a)} - {world_order}
     world_groups = {t for t in tuples if len(t) > 1}  # new_group on every rank (c10d's counter)
     mine = {t for t in tuples if RANK in t}  # groups this rank belongs to (c10d's pg_map); (RANK,): the lent one
-    # size-1 axes need no lookup and no group (DESIGN.md §11.1: no one-rank communicator)
+    # size-1 axes need no lookup and no group (docs/design.md "Size-1 axes": no one-rank communicator)
     axis_keys = {(m[a].axis_layout(a), m[a].device_list) for m in ms for a in m.axis_names if m.axis_size(a) > 1}
     lookups = n_threads * repeats * sum(1 for m in ms for a in m.axis_names if m.axis_size(a) > 1)
 

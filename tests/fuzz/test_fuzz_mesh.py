@@ -1,7 +1,7 @@
 """Fuzz the Mesh value's entry points with bad values and types, valid inputs mixed in.
 
 Each entry point draws one call with at most one thing wrong (see tests/fuzz/_harness.py for
-the rule). The expected verdict comes from the contract (DESIGN.md §3, §4, §6), computed here
+the rule). The expected verdict comes from the contract (docs/design.md: "The public contract", "Errors", "Edge cases"), computed here
 independently of the library: e.g. whether an unflatten splits an axis along its modes, or
 whether a layout tuple tiles a device count.
 """
@@ -456,7 +456,7 @@ def flatten_case(draw):
 
 
 def splits_along_modes(modes: tuple[tuple[int, int], ...], sizes: tuple[int, ...]) -> bool:
-    """DESIGN §6: a split exists iff every inner cumulative product of ``sizes`` falls inside one mode
+    """docs/design.md "Edge cases": a split exists iff every inner cumulative product of ``sizes`` falls inside one mode
     and divides it evenly: ``Q[i-1] | P`` and ``P | Q[i]`` for the inner cumulative products ``Q`` of
     the mode sizes. (``(2,3):(6,1)`` splits as ``(2, 3)`` or ``(6,)``, not ``(3, 2)``.)"""
     q = [1]

@@ -2,7 +2,7 @@
 
 Valid results are checked against independent oracles: a layout against the brute-force
 row-major dot product, local slices against ``torch.chunk`` applied axis by axis (DTensor's
-rule, DESIGN.md §3), ``shard_shape`` against the largest local shard.
+rule, docs/design.md "Sharding"), ``shard_shape`` against the largest local shard.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The functional_mesh side of the oracle: the programs of ``programs.py`` under ``fm.shard_map`` (DESIGN.md §10).
+"""The functional_mesh side of the oracle: the programs of ``programs.py`` under ``fm.shard_map`` (docs/design.md, "Typed regions (shard_map)").
 
 Each program has a body here, written as a user would (``torch`` ops and ``fm`` collectives
 by axis name, no explicit ``pvary`` unless the program is about it), and a module-level
@@ -135,7 +135,7 @@ def invariant_out_named_axis(w, x):
 
 @body
 def all_gather_invariant(x, w):
-    # both spellings: ours ("invariant") and JAX's ("invarying"), DESIGN.md §10.1
+    # both spellings: ours ("invariant") and JAX's ("invarying"), docs/design.md "Type rules"
     return (fm.all_gather(x, "y", dim=0, tiled=True, to="invariant"),
             fm.all_gather(w * w, "y", dim=0, tiled=True, to="invarying"))
 

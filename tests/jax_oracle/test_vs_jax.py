@@ -1,4 +1,4 @@
-"""Oracle: ``fm.shard_map`` against ``jax.shard_map`` itself (DESIGN.md §10), program by program.
+"""Oracle: ``fm.shard_map`` against ``jax.shard_map`` itself (docs/design.md, "Typed regions (shard_map)"), program by program.
 
 Every program of ``programs.py`` is written twice: for JAX (``jax_side.py``, run once per
 session in the side venv of ``_jax_venv.py``, 8 host CPU devices, ``AxisType.Auto``, float64,

@@ -1,4 +1,4 @@
-"""Laws of the layout algebra (STYLE.md: each algebra docstring's law is a hypothesis test).
+"""Laws of the layout algebra (docs/design.md, "House rules": each algebra docstring's law is a hypothesis test).
 
 Expected values come from brute-force enumeration of the raw modes, never from the code
 under test.

@@ -53,7 +53,7 @@ def test_tuple_spec_equals_the_flattened_axis_on_divisible_dims(mesh, data):
 
 
 def test_uneven_tuple_splits_nested_like_dtensor():
-    # DESIGN §3: 5 over (2, 2) gives 2, 1, 1, 1 (the flattened axis of 4 would give 2, 2, 1, 0)
+    # docs/design.md "Sharding": 5 over (2, 2) gives 2, 1, 1, 1 (the flattened axis of 4 would give 2, 2, 1, 0)
     mesh = fm.make_mesh((2, 2), ("a", "b"))
     sizes = [sl[0].stop - sl[0].start for sl in fm.NamedSharding(mesh, fm.P(("a", "b"))).devices_indices_map((5,)).values()]
     assert sizes == [2, 1, 1, 1]

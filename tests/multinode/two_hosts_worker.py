@@ -28,7 +28,7 @@ import logging
 import os
 import sys
 
-# Group and divergence-check timeouts, seconds (DESIGN.md §9: at most 30 s in tests).
+# Group and divergence-check timeouts, seconds (docs/design.md "Tests": at most 30 s in tests).
 GROUP_TIMEOUT_S = 20
 CHECK_S = 10
 REPORT = "two-hosts"

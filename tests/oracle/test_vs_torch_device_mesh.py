@@ -1,4 +1,4 @@
-"""Oracle: our pure ``Mesh`` against torch's own ``DeviceMesh`` (DESIGN.md §2, §6).
+"""Oracle: our pure ``Mesh`` against torch's own ``DeviceMesh`` (docs/design.md, "Mesh semantics" and "Edge cases").
 
 Torch runs under its single-process ``fake`` backend: one process simulates any rank of a
 world of up to 64 ranks by destroying and re-initialising the default group. For a root mesh
@@ -14,7 +14,7 @@ step, we check:
     them when the world has at most 8): ``dm.mesh`` against ``mesh.group_of(rank)``,
     ``dm.get_coordinate()`` against ``mesh.coordinate(rank)``, and the members of each axis's
     process group against the rank's line along that axis, as a set (c10d sorts members;
-    ``get_local_rank`` is sorted c10d order and is never compared, DESIGN.md §2);
+    ``get_local_rank`` is sorted c10d order and is never compared, docs/design.md "Mesh order");
 (c) where torch rejects an unflatten (sizes that are not a layout, product mismatch), our
     ``fm.MeshError``.
 
@@ -54,7 +54,7 @@ from torch.distributed._mesh_layout import _MeshLayout  # noqa: E402
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh  # noqa: E402
 from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
 
-MAX_WORLD = 64          # DESIGN.md §9: oracle worlds <= 64 ranks
+MAX_WORLD = 64          # docs/design.md "Tests": oracle worlds <= 64 ranks
 SEEDED_CASES = 500      # chains run by the seeded test ...
 MIN_ACCEPTED = 200      # ... of which at least this many must be accepted by torch and matched
 MAX_AXES = 6            # cap on the rank of intermediate meshes

@@ -181,7 +181,7 @@ def test_equal_lists_have_equal_hashes(a, b):
 
 
 def test_decreasing_range_equals_its_list():
-    # DESIGN §3: devices may be any iterable of distinct non-negative ints; range(3, -1, -1) is one
+    # docs/api.md, `fm.make_mesh`: devices may be any iterable of distinct non-negative ints; range(3, -1, -1) is one
     a, b = values([3, 2, 1, 0]), values(range(3, -1, -1))
     assert a == b
     assert hash(a) == hash(b)

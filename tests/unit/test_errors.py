@@ -1,4 +1,4 @@
-"""The error contract (DESIGN.md §4, STYLE.md "Errors").
+"""The error contract (docs/design.md, "Errors").
 
 * ``MeshError`` is a ``ValueError``; ``UnknownAxisError`` is both a ``MeshError`` and a ``KeyError``
   and prints without the quotes ``KeyError`` would add.

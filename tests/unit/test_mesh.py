@@ -1,4 +1,4 @@
-"""Tables of examples for the pure ``Mesh`` value (functional_mesh/mesh.py), DESIGN.md §2, §3, §6.
+"""Tables of examples for the pure ``Mesh`` value (functional_mesh/mesh.py), docs/design.md, "Mesh semantics", "The public contract", "Edge cases".
 
 Expected values are written out by hand from the definitions (row-major ranks, torch's group
 order) or computed by the small numpy reference ``ref_groups`` below, never by the code under test.
@@ -102,7 +102,7 @@ def test_shape_by_position_is_mesh_error_with_hint():
 
 
 def test_shape_misspelt_axis_did_you_mean():
-    # DESIGN §4: an unknown axis names the valid choices and the closest name
+    # docs/design.md "Errors": an unknown axis names the valid choices and the closest name
     with pytest.raises(UnknownAxisError, match=r"tpp.*did you mean 'tp'\?"):
         DP_TP.shape["tpp"]
 
@@ -235,7 +235,7 @@ FLATTENS = [
     (("a", "b"), None, ("a_b", "c"), [[0, 1], [2, 3], [4, 5], [6, 7]]),
     (("b", "c"), None, ("a", "b_c"), [[0, 1, 2, 3], [4, 5, 6, 7]]),
     (("a", "c"), None, ("a_c", "b"), [[0, 2], [1, 3], [4, 6], [5, 7]]),
-    (("c", "a"), None, ("b", "c_a"), [[0, 4, 1, 5], [2, 6, 3, 7]]),  # DESIGN §6
+    (("c", "a"), None, ("b", "c_a"), [[0, 4, 1, 5], [2, 6, 3, 7]]),  # docs/design.md "Edge cases"
     (("b", "a"), "x", ("x", "c"), [[0, 1], [4, 5], [2, 3], [6, 7]]),
     (None, None, ("a_b_c",), [0, 1, 2, 3, 4, 5, 6, 7]),
     (("c", "b", "a"), None, ("c_b_a",), [0, 4, 2, 6, 1, 5, 3, 7]),
@@ -406,7 +406,7 @@ def test_transpose_errors(axes, pattern):
 
 
 def test_transpose_misspelt_axis_did_you_mean():
-    # DESIGN §4: a misspelt axis gets the closest name, in every API
+    # docs/design.md "Errors": a misspelt axis gets the closest name, in every API
     with pytest.raises(MeshError, match=r"tpp.*did you mean 'tp'\?"):
         DP_TP.transpose("dp", "tpp")
 

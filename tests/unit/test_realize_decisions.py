@@ -72,7 +72,7 @@ def test_resolve_backend(default, device_type, backend, cuda, expected):
 
 
 def test_resolve_backend_fake_refuses_a_real_backend():
-    # new_group(backend="gloo") under the fake default group fails inside c10d (design_review 19)
+    # new_group(backend="gloo") under the fake default group fails inside c10d (seen on torch 2.13)
     with pytest.raises(MeshError, match=r"backend=None under torch's fake process group, but got backend='gloo'"):
         resolve_backend("fake", None, "gloo", False)
 
@@ -88,7 +88,7 @@ ROWS_PERM = [(7, 6), (5, 4), (3, 2), (1, 0)]
         ([tuple(range(8))], "nccl", "gloo", True, "new_group"),  # other backend: a new group
         ([tuple(reversed(range(8)))], "gloo", "gloo", False, "new_group"),  # order differs: not the world
         # size-1 axis: no group on any backend (was "local": one singleton per rank, which on NCCL is a
-        # real one-rank communicator, hundreds of MiB of GPU memory; DESIGN.md §11.1)
+        # real one-rank communicator, hundreds of MiB of GPU memory; docs/design.md "Size-1 axes")
         ([(0,), (1,), (2,)], "gloo", "gloo", False, "none"),
         ([(0,), (1,)], "nccl", "nccl", True, "none"),
         ([(0,)], "gloo", "gloo", False, "none"),  # a world of one: still no group (not the default group)

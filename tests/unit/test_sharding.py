@@ -14,7 +14,7 @@ def rows_cols(sl):
     return (sl[0].start, sl[0].stop, sl[1].start, sl[1].stop)
 
 
-# shared/notes/jax_anchor.md §3.3: verified with JAX 0.10.2 on a (4, 2) mesh, global shape (8, 4)
+# verified with JAX 0.10.2 on a (4, 2) mesh, global shape (8, 4)
 @pytest.mark.parametrize(
     ("spec", "shard_shape", "expected"),
     [
