@@ -81,7 +81,7 @@ class RealizedMesh(Frozen):
     """
 
     __slots__ = ("_mesh", "_device_type", "_backend", "_rank", "_coordinate", "_groups", "_epoch", "_root",
-                 "_device_mesh", "_sizes", "_index", "_hops", "_self_group")
+                 "_device_mesh", "_sizes", "_index", "_hops", "_self_group", "_memo")
 
     def __init__(self, mesh: Mesh, device_type: str, backend: str, groups: dict[Any, Any], rank: int,
                  epoch: int, root: RealizedMesh | None, self_group: Callable[[], Any]) -> None:
@@ -92,7 +92,10 @@ class RealizedMesh(Frozen):
                   "_epoch": epoch,  # the cache epoch the groups belong to
                   "_root": root,  # the realized mesh this one was selected from (None: it is a root)
                   "_device_mesh": None,  # built on first use
-                  "_self_group": self_group}  # realize's maker of the one-rank group lent for size-1 axes
+                  "_self_group": self_group,  # realize's maker of the one-rank group lent for size-1 axes
+                  # the collectives' resolved axes by the ``axis`` argument (_collectives.resolve_axes):
+                  # validated once per handle and axes, then a dict lookup per call
+                  "_memo": {}}
         # Plain dicts of ints and strings, computed once: what the collectives read per call, so
         # torch.compile traces dictionary lookups, not the mesh algebra.
         coordinate = fields["_coordinate"]
