@@ -4,12 +4,12 @@ Every message follows one template so users learn to read it once::
 
     `<api>` requires <rule>, but got <name>=<value!r>; valid: <choices>
 
-and an unknown axis name adds "did you mean 'tp'?" when a close name exists.
+and an unknown axis name adds "did you mean 'tp'?" when it is a plausible typo of one name
+(:func:`did_you_mean` states the rule).
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 from typing import Any
 
@@ -43,13 +43,65 @@ class UnknownAxisError(MeshError, KeyError):
 
 
 def did_you_mean(name: object, choices: Iterable[str]) -> str:
-    """Return " did you mean 'x'?" for the closest of ``choices``, or "" when none is close."""
-    if not isinstance(name, str):
+    """Return "; did you mean 'x'?" when ``name`` is a plausible typo of exactly one of ``choices``, else "".
+
+    Mesh axis names are short and alike ("dp", "tp", "cp"), so closeness by letters alone misleads:
+    "cp" is one letter from "tp", and following a hint to use 'tp' would silently pick the wrong
+    axis. A typo is plausible, in order of preference, when ``name`` differs from a choice by
+
+    1. case alone ("TP" for "tp");
+    2. two adjacent letters swapped ("pt" for "tp"), ignoring case;
+    3. one letter added or dropped ("tpp" or "t" for "tp"), ignoring case;
+    4. one letter substituted, ignoring case, only inside a part of the choice (its text between
+       underscores) of at least 5 letters ("dp_shart" for "dp_shard", "exbert" for "expert"):
+       never in a short name or part, where the result is usually another real name ("cp" for
+       "tp", "hsdp" for "fsdp", "dp_cp" for "dp_tp").
+
+    The most preferred kind decides; two choices equally plausible give no suggestion (the valid
+    choices are listed anyway).
+    """
+    if not isinstance(name, str) or not name:
         return ""
-    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
-    # A swap of two letters ("pd" for "dp") ties with a one-letter change ("tp"): prefer the anagram.
-    close.sort(key=lambda c: sorted(c) != sorted(name))
-    return f"; did you mean {close[0]!r}?" if close else ""
+    best: tuple[int, list[str]] = (_NO_TYPO, [])
+    for choice in dict.fromkeys(choices):  # distinct, in order
+        kind = _typo_kind(name, choice)
+        if kind < best[0]:
+            best = (kind, [choice])
+        elif kind == best[0]:
+            best[1].append(choice)
+    kind, found = best
+    return f"; did you mean {found[0]!r}?" if kind < _NO_TYPO and len(found) == 1 else ""
+
+
+_LONG_PART = 5  # letters in a part of a name (between underscores) from which a substitution is plausible
+_NO_TYPO = 5  # the kind of a choice that ``name`` is no plausible typo of
+
+
+def _typo_kind(name: str, choice: str) -> int:
+    """1-4: the kind of typo (see :func:`did_you_mean`) that turns ``choice`` into ``name``; ``_NO_TYPO``:
+    none (or no typo at all: the same name)."""
+    if name == choice:
+        return _NO_TYPO
+    typed, want = name.casefold(), choice.casefold()
+    if typed == want:
+        return 1
+    if len(typed) == len(want):
+        diff = [i for i, (a, b) in enumerate(zip(typed, want)) if a != b]
+        if len(diff) == 2 and diff[1] == diff[0] + 1 and typed[diff[0]] == want[diff[1]] \
+                and typed[diff[1]] == want[diff[0]]:
+            return 2
+        if len(diff) == 1:
+            start = want.rfind("_", 0, diff[0]) + 1
+            end = want.find("_", diff[0])
+            part = want[start:] if end < 0 else want[start:end]
+            return 4 if len(part) >= _LONG_PART else _NO_TYPO
+        return _NO_TYPO
+    shorter, longer = sorted((typed, want), key=len)
+    if len(longer) - len(shorter) == 1:
+        i = next((i for i, (a, b) in enumerate(zip(shorter, longer)) if a != b), len(shorter))
+        if longer[:i] + longer[i + 1:] == shorter:
+            return 3
+    return _NO_TYPO
 
 
 def requires(api: str, rule: str, name: str, value: object, valid: object = None) -> str:

@@ -369,8 +369,8 @@ def error_cases(mesh: Mesh) -> dict:
         "none": lambda: fm.psum(x, "tp"),
         "none_ppermute": lambda: fm.ppermute(x, "tp", [(0, 1)]),
         "none_axis_size": lambda: fm.axis_size("tp"),
-        "unknown": lambda: fm.psum(x, "tq", mesh=rm),
-        "unknown_in_tuple": lambda: fm.all_gather(x, ("dp", "tq"), mesh=rm),
+        "unknown": lambda: fm.psum(x, "tpp", mesh=rm),
+        "unknown_in_tuple": lambda: fm.all_gather(x, ("dp", "TP"), mesh=rm),
         "unknown_axis_index": lambda: fm.axis_index("cpp", mesh=rm),
     }
     out = {}

@@ -90,21 +90,65 @@ def test_requires(args, text):
     assert E.requires(*args) == text
 
 
+DP_TP_CP = ("dp", "tp", "cp")
+
+
 @pytest.mark.parametrize(
-    ("name", "choices", "suffix"),
+    ("name", "choices", "suggestion"),
     [
-        ("tpp", ("dp", "tp"), "; did you mean 'tp'?"),
-        ("dq", ("dp", "tp"), "; did you mean 'dp'?"),
-        ("data", ("dp", "tp", "dat"), "; did you mean 'dat'?"),
-        ("zzz", ("dp", "tp"), ""),
-        (3, ("dp", "tp"), ""),
-        ("tp", (), ""),
-        ("pd", ("dp", "cp", "tp"), "; did you mean 'dp'?"),  # a swap beats a one-letter change
-        ("pt", ("dp", "cp", "tp"), "; did you mean 'tp'?"),
+        # plausible typos of a short name: a change of case, a swap of adjacent letters, one letter
+        # added or dropped
+        ("TP", ("dp", "tp"), "tp"),
+        ("Tp", ("dp", "tp"), "tp"),
+        ("pt", ("dp", "tp"), "tp"),
+        ("pd", DP_TP_CP, "dp"),
+        ("tpp", ("dp", "tp"), "tp"),
+        ("ttp", ("dp", "tp"), "tp"),
+        ("tp_", ("dp", "tp"), "tp"),
+        ("t", ("dp", "tp"), "tp"),
+        ("TPP", ("dp", "tp"), "tp"),  # case and one letter added
+        ("data", ("dp", "tp", "dat"), "dat"),
+        ("fsd", ("fsdp", "tp"), "fsdp"),
+        ("sfdp", ("fsdp", "tp"), "fsdp"),
+        # never another short name one substituted letter away: following that advice would use the
+        # wrong axis (a psum over 'tp' when the region lacks 'cp')
+        ("cp", ("dp", "tp"), None),
+        ("dq", ("dp", "tp"), None),
+        ("ep", DP_TP_CP, None),
+        ("hsdp", ("fsdp", "tp"), None),  # 4 letters: still a short name (hsdp and fsdp both exist)
+        ("dp_cp", ("dp_tp", "pp"), None),  # a substitution inside a two-letter part
+        # longer parts: one substituted letter is a plausible typo
+        ("dp_shrad", ("dp_shard", "cp"), "dp_shard"),  # a swap
+        ("dp_shart", ("dp_shard", "cp"), "dp_shard"),
+        ("exbert", ("expert", "tp"), "expert"),
+        ("modal", ("model", "data"), "model"),
+        ("dp_replicat", ("dp_replicate", "dp_shard"), "dp_replicate"),
+        # the best kind of typo wins; two names equally plausible: no suggestion
+        ("dp", ("DP", "dpp"), "DP"),  # a change of case beats a letter added
+        ("p", ("dp", "tp"), None),  # 'dp' or 'tp'?
+        ("dtp", ("dp", "tp"), None),
+        ("tp", ("tP", "Tp"), None),
+        # nothing close, or nothing to suggest
+        ("zzz", ("dp", "tp"), None),
+        ("x", ("dp", "tp"), None),
+        ("tpxx", ("dp", "tp"), None),
+        (3, ("dp", "tp"), None),
+        (None, ("dp", "tp"), None),
+        ("tp", (), None),
+        ("", ("dp", "tp"), None),
     ],
 )
-def test_did_you_mean(name, choices, suffix):
-    assert E.did_you_mean(name, choices) == suffix
+def test_did_you_mean_suggests_only_plausible_typos(name, choices, suggestion):
+    assert E.did_you_mean(name, choices) == ("" if suggestion is None else f"; did you mean {suggestion!r}?")
+
+
+def test_two_letter_names_get_no_substitution_hint_from_any_api():
+    # issue: on ("dp", "tp"), mesh["cp"] suggested 'tp'
+    for call in (lambda: DP_TP["cp"], lambda: DP_TP.axis_size("cp"), lambda: fm.NamedSharding(DP_TP, fm.P("cp")),
+                 lambda: DP_TP.shape["cp"]):
+        with pytest.raises(UnknownAxisError) as info:
+            call()
+        assert "did you mean" not in str(info.value) and "valid: ('dp', 'tp')" in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -146,5 +146,5 @@ def test_wrong_types_raise_type_error():
 
 def test_an_unknown_token_names_the_mesh_axes():
     mesh = fm.mesh_from_order("tp-dp", tp=2, dp=2)
-    with pytest.raises(UnknownAxisError, match=r"axis='tq'; valid: \('dp', 'tp'\); did you mean 'tp'\?"):
-        fm.order_axes(mesh, "tq-dp")
+    with pytest.raises(UnknownAxisError, match=r"axis='tpp'; valid: \('dp', 'tp'\); did you mean 'tp'\?"):
+        fm.order_axes(mesh, "tpp-dp")

@@ -43,7 +43,7 @@ def test_named_sharding_is_a_real_attrs_class_and_evolve_revalidates():
     assert attrs.evolve(sh, spec=P("tp", "dp")) == NamedSharding(MESH, P("tp", "dp"))
     assert attrs.evolve(sh, spec=("tp",)) == NamedSharding(MESH, P("tp"))  # the constructor's conversion
     with pytest.raises(UnknownAxisError, match="did you mean 'tp'"):
-        attrs.evolve(sh, spec=P("tq"))
+        attrs.evolve(sh, spec=P("tpp"))
     with pytest.raises(MeshError, match="each mesh axis at most once"):
         attrs.evolve(sh, spec=P("dp", "dp"))
     with pytest.raises(UnknownAxisError, match="axis='dp'"):

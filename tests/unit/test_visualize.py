@@ -173,7 +173,7 @@ def test_color_only_when_asked_and_the_plain_text_is_unchanged():
 
 @pytest.mark.parametrize("call, error, message", [
     (lambda: fm.visualize("dp=2"), TypeError, r"`visualize` requires a functional_mesh.Mesh, but got mesh='dp=2'"),
-    (lambda: fm.visualize(fm.make_mesh((2,), ("tp",)), axis="tq"), UnknownAxisError, r"axis='tq'.*did you mean 'tp'"),
+    (lambda: fm.visualize(fm.make_mesh((2,), ("tp",)), axis="tpp"), UnknownAxisError, r"axis='tpp'.*did you mean 'tp'"),
     (lambda: fm.visualize(fm.make_mesh((2,), ("tp",)), color="yes"), TypeError, r"color='yes'"),
     (lambda: fm.visualize(fm.make_mesh((2,), ("tp",)), max_side=1), MeshError, r"max_side=1"),
     (lambda: fm.visualize_sharding(fm.P("tp"), (4,)), TypeError, r"sharding=P\('tp'\)"),
