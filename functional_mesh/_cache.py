@@ -3,9 +3,9 @@
 Two levels (see ``_realize.py``): an *axis key* (canonical layout, device list, device type,
 backend, options) maps to this rank's group of that axis; each group is held under its
 *ordered* member tuple (+ backend + options), so axes reached by different paths share groups.
-Size-1 axes have no group; the one-rank group torch is lent for them is made on first use
-(``self_group``). ``epoch`` counts :func:`clear_cache` calls: a realized mesh from an older epoch
-refuses to be used.
+Size-1 axes have no group; the one-rank group torch is lent for them is made by the first
+realize call that needs it (``self_group``). ``epoch`` counts :func:`clear_cache` calls: a
+realized mesh from an older epoch refuses to be used.
 Inspect it with :func:`cache_info`. Creates no process group; :func:`clear_cache` destroys those
 realize created.
 """
@@ -42,7 +42,6 @@ class GroupCache:
         self.hits = 0
         self.misses = 0
         self.epoch = 0
-        self.calls = 0  # checked realize calls, for the divergence check's store keys
 
 
 CACHE = GroupCache()

@@ -10,7 +10,7 @@ process group: its torch ``DeviceMesh`` wraps the groups realize made.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -18,7 +18,7 @@ import torch
 from . import _torch
 from ._cache import CACHE
 from ._errors import MeshError, requires
-from ._mesh import Mesh, axis_position
+from ._mesh import Mesh, axis_position, select
 from ._validate import Frozen, as_name_tuple
 
 __all__ = ["Hop", "RealizedMesh", "current_mesh", "hop_of", "index_along", "resolve_mesh"]
@@ -84,7 +84,7 @@ class RealizedMesh(Frozen):
                  "_device_mesh", "_sizes", "_index", "_hops", "_self_group", "_memo")
 
     def __init__(self, mesh: Mesh, device_type: str, backend: str, groups: dict[Any, Any], rank: int,
-                 epoch: int, root: RealizedMesh | None, self_group: Callable[[], Any]) -> None:
+                 epoch: int, root: RealizedMesh | None, self_group: Any) -> None:
         fields = {"_mesh": mesh, "_device_type": device_type, "_backend": backend, "_rank": rank,
                   "_coordinate": mesh.coordinate(rank),
                   # axis name or product tuple -> ProcessGroup | None (None: outside the mesh, or size 1)
@@ -92,7 +92,9 @@ class RealizedMesh(Frozen):
                   "_epoch": epoch,  # the cache epoch the groups belong to
                   "_root": root,  # the realized mesh this one was selected from (None: it is a root)
                   "_device_mesh": None,  # built on first use
-                  "_self_group": self_group,  # realize's maker of the one-rank group lent for size-1 axes
+                  # the one-rank group lent to torch for size-1 axes, made by realize (None: no size-1
+                  # axis realized, or this rank is outside the mesh)
+                  "_self_group": self_group,
                   # the collectives' resolved axes by the ``axis`` argument (_collectives.resolve_axes):
                   # validated once per handle and axes, then a dict lookup per call
                   "_memo": {}}
@@ -125,7 +127,9 @@ class RealizedMesh(Frozen):
     def axis_size(self, axis: str) -> int:
         """Size of ``axis`` (no communication)."""
         size = self._sizes.get(axis) if isinstance(axis, str) else None
-        return self._mesh.axis_size(axis) if size is None else size  # the mesh raises the error
+        if size is None:  # not an axis of the mesh: the error
+            axis_position(self._mesh, axis, "RealizedMesh.axis_size")
+        return size
 
     def group(self, axis: str | Sequence[str]) -> Any:
         """This rank's ``ProcessGroup`` for ``axis`` (``None`` when this rank is outside the mesh).
@@ -135,28 +139,32 @@ class RealizedMesh(Frozen):
         A size-1 axis (or product) has no group of its own: realize makes none, and the
         collectives need none. Asked for one, the handle lends this rank's one-rank group on
         torch's fake backend: it uses no communicator, every collective over it is exact for one
-        rank (except that ``ReduceOp.PREMUL_SUM`` does not apply its factor), it is made on the
-        first such request by this rank alone (torch's group counter does not move), and every
-        size-1 axis shares it (``group_desc`` "mesh_size1").
+        rank (except that ``ReduceOp.PREMUL_SUM`` does not apply its factor), realize made it on
+        this rank alone (torch's group counter does not move), and every size-1 axis shares it
+        (``group_desc`` "mesh_size1"). Asking for it creates nothing.
         """
-        self._check_alive("RealizedMesh.group")
+        api = "RealizedMesh.group"
+        self._check_alive(api)
         if isinstance(axis, str):
-            axis_position(self._mesh, axis, "RealizedMesh.group")
-            return self._lend(axis, self._group_of(axis, "RealizedMesh.group"))
-        names = as_name_tuple("RealizedMesh.group", axis, "axis")
+            axis_position(self._mesh, axis, api)
+            return self._lend(axis, self._group_of(axis, api))
+        names = as_name_tuple(api, axis, "axis")
         if len(names) == 1:
             return self.group(names[0])
-        self._mesh[names]
+        return self._lend(names, self._product_of(names, api))
+
+    def _product_of(self, names: tuple[str, ...], api: str) -> Any:
+        select(self._mesh, names, api)  # known, distinct axes
         if names not in self._groups:
-            raise MeshError(requires("RealizedMesh.group", "a product of axes that was realized", "axis", names,
+            raise MeshError(requires(api, "a product of axes that was realized", "axis", names,
                                      tuple(k for k in self._groups if isinstance(k, tuple)))
                             + f"; pass products=[{names!r}] to realize", mesh=self._mesh)
-        return self._lend(names, self._groups[names])
+        return self._groups[names]
 
     def _lend(self, key: str | tuple[str, ...], pg: Any) -> Any:
         """``pg``, or for a size-1 axis of a member rank the one-rank group lent to torch."""
         if pg is None and self._coordinate is not None and self._hops[key].size == 1:
-            return self._self_group()
+            return self._self_group
         return pg
 
     def _group_of(self, axis: str, api: str) -> Any:
@@ -190,10 +198,15 @@ class RealizedMesh(Frozen):
         return self._coordinate[i]
 
     def __getitem__(self, names: str | Sequence[str]) -> RealizedMesh:
-        """A realized selection, served from the cache (no communication, no new groups)."""
+        """A realized selection, served from the cache (no communication, no new groups).
+
+        It keeps the groups of its axes and the realized products whose axes all remain.
+        """
         self._check_alive("RealizedMesh[...]")
-        sub = self._mesh[names]
-        groups = {n: self._groups[n] for n in sub.axis_names if n in self._groups}
+        sub = select(self._mesh, names, "RealizedMesh[...]")
+        kept = set(sub.axis_names)
+        groups = {key: pg for key, pg in self._groups.items()
+                  if (key in kept if isinstance(key, str) else kept.issuperset(key))}
         return RealizedMesh(sub, self._device_type, self._backend, groups, self._rank, self._epoch,
                             self._root or self, self._self_group)
 
@@ -306,9 +319,9 @@ def hop_of(rm: RealizedMesh, key: str | tuple[str, ...], api: str) -> Hop:
     """The group of one axis (a name) or of a realized product (a tuple), as the collectives use it."""
     rm._check_alive(api)
     hop = rm._hops.get(key)
-    if hop is None:  # not realized: the handle's own error
-        rm._group_of(key, api) if isinstance(key, str) else rm.group(key)
-        raise AssertionError(f"no hop for {key!r}")  # pragma: no cover - _group_of raised
+    if hop is None:  # not realized: the handle's own error, naming the caller's api
+        rm._group_of(key, api) if isinstance(key, str) else rm._product_of(key, api)
+        raise AssertionError(f"no hop for {key!r}")  # pragma: no cover - the handle raised
     return hop
 
 

@@ -27,38 +27,50 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from types import MappingProxyType
 
 import numpy as np
 
 from . import _layout as L
 from ._devices import DeviceList
-from ._errors import MeshError, requires, unknown_axis
+from ._errors import MeshError, UnknownAxisError, requires, unknown_axis
 from ._validate import Frozen, as_int, as_int_array, as_name_tuple, check_unique
 
-__all__ = ["Mesh", "MeshShape", "axis_layouts", "axis_position", "family_modes", "make_mesh"]
+__all__ = ["Mesh", "MeshShape", "axis_layouts", "axis_position", "family_modes", "make_mesh", "select"]
 
 
-class MeshShape(Mapping[str, int]):
+class MeshShape(Frozen, Mapping[str, int]):
     """``mesh.shape``: an ordered, read-only mapping from axis name to size (as in JAX).
 
-    Indexing it by position, torch style, raises a ``MeshError`` that says what to write instead.
+    A ``collections.abc.Mapping``: ``in``, ``get``, iteration, ``keys``, ``values``, ``items``,
+    ``len`` and ``==`` (by items, so it equals a dict of the same sizes) answer as for any mapping.
+    A key that is not an axis name is a ``KeyError`` (an ``UnknownAxisError``), so ``0 in mesh.shape``
+    is ``False`` and ``mesh.shape.get(0)`` is ``None``; indexing by position, torch style
+    (``mesh.shape[0]``), says what to write instead.
     """
 
     __slots__ = ("_items",)
 
     def __init__(self, names: Sequence[str], sizes: Sequence[int]) -> None:
-        self._items = dict(zip(names, sizes, strict=True))
+        object.__setattr__(self, "_items", MappingProxyType(dict(zip(names, sizes, strict=True))))
 
     def __getitem__(self, key: str) -> int:
-        if isinstance(key, int) and not isinstance(key, bool):
-            raise MeshError(
-                requires("mesh.shape[...]", "an axis name (mesh.shape is a mapping, as in JAX)", "key", key,
-                         tuple(self._items)) + f"; for sizes by position use mesh.axis_sizes[{key}]"
-            )
         try:
             return self._items[key]
         except (KeyError, TypeError):  # TypeError: an unhashable key such as a list
-            raise unknown_axis("mesh.shape[...]", key, tuple(self._items)) from None
+            pass
+        if isinstance(key, int) and not isinstance(key, bool):
+            raise UnknownAxisError(
+                requires("mesh.shape[...]", "an axis name (mesh.shape is a mapping, as in JAX)", "key", key,
+                         tuple(self._items)) + f"; for sizes by position use mesh.axis_sizes[{key}]"
+            )
+        raise unknown_axis("mesh.shape[...]", key, tuple(self._items))
+
+    def __contains__(self, key: object) -> bool:
+        try:  # Mapping's answer (a lookup that raises KeyError is False), without building the message
+            return key in self._items
+        except TypeError:  # unhashable: not an axis name
+            return False
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)
@@ -66,8 +78,11 @@ class MeshShape(Mapping[str, int]):
     def __len__(self) -> int:
         return len(self._items)
 
+    def __reduce__(self):
+        return (MeshShape, (tuple(self._items), tuple(self._items.values())))
+
     def __repr__(self) -> str:
-        return repr(self._items)
+        return repr(dict(self._items))
 
 
 class _Size(int):
@@ -265,14 +280,7 @@ class Mesh(Frozen):
 
     def __getitem__(self, names: str | Sequence[str]) -> Mesh:
         """Select axes, in the given order: ``mesh["tp"]``, ``mesh["tp", "dp"]``."""
-        if isinstance(names, int) and not isinstance(names, bool):
-            msg = requires("Mesh[...]", "axis names, not positions", "key", names, self._axis_names)
-            if -self.ndim <= names < self.ndim:
-                msg += f"; write mesh[{self._axis_names[names]!r}]"
-            raise TypeError(msg)
-        pos = self._positions("Mesh[...]", names)
-        return self._derive("Mesh[...]", tuple(self._axis_names[i] for i in pos),
-                            tuple(self._layouts[i] for i in pos), len(pos) == self.ndim)
+        return select(self, names, "Mesh[...]")
 
     def flatten(self, axes: str | Sequence[str] | None = None, name: str | None = None) -> Mesh:
         """Merge ``axes`` (default: all) into one axis, row-major in the listed order.
@@ -473,6 +481,18 @@ def axis_position(mesh: Mesh, name: object, api: str = "Mesh.axis_size") -> int:
         return mesh._axis_names.index(name)
     except ValueError:
         raise unknown_axis(api, name, mesh._axis_names, mesh) from None
+
+
+def select(mesh: Mesh, names: object, api: str) -> Mesh:
+    """``mesh[names]``, for the error of the public call ``api`` (``realize(axes=)``, ``rm[...]``, ...)."""
+    if isinstance(names, int) and not isinstance(names, bool):
+        msg = requires(api, "axis names, not positions", "key", names, mesh._axis_names)
+        if -mesh.ndim <= names < mesh.ndim:
+            msg += f"; write mesh[{mesh._axis_names[names]!r}]"
+        raise TypeError(msg)
+    pos = mesh._positions(api, names)
+    return mesh._derive(api, tuple(mesh._axis_names[i] for i in pos), tuple(mesh._layouts[i] for i in pos),
+                        len(pos) == mesh.ndim)
 
 
 def axis_layouts(mesh: Mesh) -> tuple[L.Layout, ...]:

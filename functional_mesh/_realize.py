@@ -23,8 +23,9 @@ a size-1 dim's group now and then (FSDP2 reads its rank and size, and all-reduce
 replicate dim; ``distribute_tensor`` broadcasts and scatters over every dim), so
 ``rm.group(axis)`` and ``rm.device_mesh`` lend it this rank's one-rank group on torch's fake
 backend, whose collectives are exact for one rank and use no communicator. That group is made
-on first use, by this rank alone, outside torch's group counter (:func:`_self_group`), and
-shared by every size-1 axis until :func:`clear_cache`.
+by the first realize call that needs it (a size-1 axis or product, on a member rank), by this
+rank alone, outside torch's group counter (:func:`_self_group`), and shared by every size-1 axis
+until :func:`clear_cache`: the handle and interop only read it, so they have no effects.
 
 Only this module creates process groups. The decisions it carries out are pure functions in
 ``_realize_plan.py``; the cache it fills is ``_cache.py``; the handle it returns is ``_handle.py``.
@@ -42,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from . import _torch
-from ._agree import _agree
+from ._agree import _agree, _next_call
 from ._cache import CACHE
 from ._errors import MeshError, requires
 from ._handle import RealizedMesh
@@ -122,9 +123,7 @@ def realize(
                                  "largest device", mesh.device_list.max()), mesh=mesh)
     options = (timeout_td.total_seconds() if timeout_td else None,)
     if wait_s is not None and backend_name != "fake":
-        with CACHE.lock:  # only checked calls are numbered: a rank's unchecked lookups shift nothing
-            CACHE.calls += 1
-            call = CACHE.calls
+        call = _next_call("realize")  # only checked calls are numbered: unchecked lookups shift nothing
         request = describe_request(mesh, device_type, backend_name, options, products_t, axes_t)
         _check_same_request(call, request, rank, world, wait_s)
     families = [(name, mesh[name]) for name in axes_t]
@@ -137,13 +136,16 @@ def realize(
             before = CACHE.made
             groups[key] = maker.group_of_rank(family, key if isinstance(key, str) else "_".join(key))
             made[key] = CACHE.made - before
+        # the one-rank group torch is lent for size-1 axes, made here so that the handle has no effects
+        lent = (_self_group() if mesh.coordinate(rank) is not None and any(f.size == 1 for _, f in families)
+                else None)
         epoch = CACHE.epoch
     level = logging.INFO if rank == 0 else logging.DEBUG  # the lines are equal on every rank
     if _LOG.isEnabledFor(level):
         for line in axis_report(mesh, [(key, family, made[key]) for key, family in families],
                                 os.environ.get("LOCAL_WORLD_SIZE")):
             _LOG.log(level, "rank %d: %s", rank, line)
-    return RealizedMesh(mesh, device_type, backend_name, groups, rank, epoch, root=None, self_group=_self_group)
+    return RealizedMesh(mesh, device_type, backend_name, groups, rank, epoch, root=None, self_group=lent)
 
 
 def _check_available(device_type: str, backend_name: str, backend_arg: str | None) -> None:
@@ -247,9 +249,9 @@ class _GroupMaker:
 def _self_group() -> Any:
     """This rank's one-rank group on torch's fake backend, for torch's use of size-1 axes.
 
-    Made on first use (``rm.group`` of a size-1 axis, or ``rm.device_mesh`` with a size-1 dim),
-    by this rank alone: it is not counted by torch's group counter, so ranks that never ask stay
-    in step with those that do. One per process until :func:`clear_cache` destroys it.
+    Made by the first realize call that realizes a size-1 axis (or product) on a member rank, by
+    this rank alone: it is not counted by torch's group counter, so ranks outside the mesh stay in
+    step with those inside. One per process until :func:`clear_cache` destroys it.
     """
     with CACHE.lock:
         if CACHE.self_group is None:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ._errors import MeshError, requires
-from ._mesh import Mesh
+from ._mesh import Mesh, select
 from ._validate import as_name_tuple
 
 __all__ = ["CHECK_TIMEOUT_ENV", "DEFAULT_CHECK_TIMEOUT_S", "InitPlan", "as_timeout", "axis_report",
@@ -187,7 +187,7 @@ def product_axes(mesh: Mesh, products: Iterable[Sequence[str]]) -> tuple[tuple[s
     out = []
     for axes in products:
         names = as_name_tuple("realize", axes, "products")
-        mesh[names]  # validates: known, distinct, non-empty
+        select(mesh, names, "realize")  # validates: known, distinct, non-empty
         out.append(names)
     return tuple(out)
 
@@ -200,7 +200,7 @@ def realized_axes(mesh: Mesh, axes: Iterable[str] | None) -> tuple[str, ...]:
         raise TypeError(requires("realize", "axes=None or an iterable of axis names", "axes", axes))
     names = as_name_tuple("realize", tuple(axes), "axes")
     if names:
-        mesh[names]  # validates: known (with "did you mean"), distinct
+        select(mesh, names, "realize")  # validates: known (with "did you mean"), distinct
     return tuple(n for n in mesh.axis_names if n in names)
 
 

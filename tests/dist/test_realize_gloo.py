@@ -8,9 +8,9 @@ process groups that realize created actually do. Nothing expected is taken from 
 Counting groups: c10d names a world group by a counter that every rank bumps on every
 ``new_group`` call (``_world.group_count``); ``_world.pg_map`` holds the groups this rank is a
 member of. :func:`plan` turns docs/design.md ("Creation") into those counts from the pure groups alone. A
-size-1 axis creates nothing (no group, no counter step: docs/design.md "Size-1 axes"); the one-rank group
-torch is lent for it (``rm.group``, made on first use) is counted by neither, and the checks
-read it after the counts.
+size-1 axis creates no group of torch's counter (docs/design.md "Size-1 axes"); the one-rank group
+torch is lent for it (``rm.group``) is made by the first realize that needs it on a member rank,
+local to that rank: it joins that rank's ``pg_map`` once per cache lifetime, never the counter.
 """
 
 from __future__ import annotations
@@ -75,15 +75,22 @@ def plan(meshes: list[Mesh], world: int, products: dict[int, list] | None = None
     For each realize call in order and each rank: how many world groups are created
     (``new_group`` calls: one per member tuple nobody created yet, the ascending whole world
     excepted), how many groups this rank joins (``pg_map``), and ``cache_info().groups``
-    (distinct tuples created so far, members or not). A size-1 axis makes no group at all
-    (was: one local singleton per rank, counted once by torch >= 2.14).
+    (distinct tuples created so far, members or not). A size-1 axis makes no world group (was:
+    one local singleton per rank, counted once by torch >= 2.14); a member rank gets the lent
+    one-rank group once, at the first mesh that has one.
     """
     made: set[tuple[int, ...]] = set()
+    lent: set[int] = set()
     out = []
     for i, mesh in enumerate(meshes):
         axes = list(mesh.axis_names) + list((products or {}).get(i, []))
         world_new = 0
         joined = [0] * world
+        if any(mesh[a].size == 1 for a in axes):
+            for r in range(world):
+                if r not in lent and mesh.coordinate(r) is not None:
+                    lent.add(r)
+                    joined[r] += 1
         for axis in axes:
             missing = [r for r in rows(mesh, axis) if r not in made]
             if not missing or len(missing[0]) == 1:

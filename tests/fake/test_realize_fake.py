@@ -133,25 +133,27 @@ def test_size1_axes_make_no_group_and_torch_is_lent_one_uncounted_one_rank_group
     # costs no group at all; torch is lent a one-rank fake-backend group when it asks for one.
     calls = world(4, 8)
     c10d = dist.distributed_c10d._world
+    count, live = c10d.group_count, len(c10d.pg_map)
     mesh = fm.make_mesh((2, 1, 1, 4), ("dp", "ep", "pp", "tp"))
     rm = fm.realize(mesh, products=[("ep", "pp"), ("dp", "ep")])
     assert calls["local"] == calls["split_group"] == 0
     assert calls["new_group"] == calls["world"] == len(rows(mesh, "dp")) + len(rows(mesh, "tp"))
     assert fm.cache_info().groups == calls["world"]  # no tuple for the size-1 axes
     made = calls["new_group"]
+    # realize made the lent group: this rank's one-rank group on the fake backend, outside torch's
+    # group counter (count moved by dp's and tp's groups only) and not through new_group / split_group
+    assert c10d.group_count == count + made and len(c10d.pg_map) == live + 3  # dp, tp, the lent group
     fm.realize(fm.make_mesh((1, 8), ("one", "w")))  # a size-1 axis and the default group: nothing new
-    assert calls["new_group"] == made
-    count, live = c10d.group_count, len(c10d.pg_map)
-    lent = rm.group("ep")  # asked for: this rank's one-rank group on the fake backend, made now
+    assert calls["new_group"] == made and len(c10d.pg_map) == live + 3
+    lent = rm.group("ep")  # asked for: read, not made
     assert dist.get_process_group_ranks(lent) == [4] and dist.get_rank(lent) == 0 and lent.size() == 1
     assert dist.get_backend(lent) == "fake" and lent.group_desc == "mesh_size1"
-    assert c10d.group_count == count and len(c10d.pg_map) == live + 1  # outside torch's group counter
-    assert calls["new_group"] == made and calls["split_group"] == 0  # nor through new_group / split_group
+    assert calls["new_group"] == made and calls["split_group"] == 0
     # one lent group for every size-1 axis and product, of every mesh
     again = fm.realize(fm.make_mesh((1, 8), ("one", "w")))
     assert rm.group("pp") is rm.group(("ep", "pp")) is rm.group(("ep",)) is again.group("one") is lent
     assert rm.group(("dp", "ep")) is rm.group("dp")  # a product with a size-1 axis: the dp rows, shared
-    assert len(c10d.pg_map) == live + 1
+    assert len(c10d.pg_map) == live + 3
     fm.clear_cache()  # destroys it with the groups realize made
     assert lent not in c10d.pg_map
 
@@ -364,8 +366,8 @@ def test_axes_realizes_only_the_named_axes(world):
 def test_axes_must_name_axes_of_the_mesh(world):
     world(0, 8)
     mesh = fm.make_mesh((2, 4), ("dp", "tp"))
-    with pytest.raises(fm.UnknownAxisError, match="did you mean 'tp'"):
-        fm.realize(mesh, axes=("tq",))
+    with pytest.raises(fm.UnknownAxisError, match="`realize` requires an axis name of the mesh.*did you mean 'tp'"):
+        fm.realize(mesh, axes=("tpp",))
     with pytest.raises(TypeError, match="axes=None or an iterable of axis names"):
         fm.realize(mesh, axes=3)
     assert fm.realize(mesh, axes=()).coordinate == (0, 0)  # nothing realized, still a handle
@@ -500,3 +502,82 @@ def test_torch_flattening_our_mesh_finds_the_product_group_instead_of_making_one
     rm2 = fm.realize(mesh)
     rm2.device_mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
     assert sum(torch_groups.values()) == 2  # one new_group per (dp_shard, cp) group
+
+
+# -- selections keep their products; errors name the call; the handle has no effects ---------------
+
+
+def test_a_selection_keeps_the_realized_products_whose_axes_all_remain(world):
+    world(6, 8)
+    mesh = fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))
+    rm = fm.realize(mesh, products=[("dp", "cp"), ("cp", "tp")])
+    product = rm.group(("dp", "cp"))
+    for names in (("dp", "cp"), ("cp", "dp"), ("dp", "cp", "tp")):
+        sel = rm[names]
+        assert sel.group(("dp", "cp")) is product and sel.has_group(("dp", "cp"))
+        assert fm.psum(torch.ones(1), ("dp", "cp"), mesh=sel) is not None  # the product serves the collective
+    assert rm["dp", "cp"].has_group(("dp", "cp")) and not rm["dp", "cp"].has_group(("cp", "tp"))
+    assert rm["cp", "tp"]["tp", "cp"].group(("cp", "tp")) is rm.group(("cp", "tp"))  # a selection of a selection
+    # a product goes once one of its axes is gone
+    with pytest.raises(fm.UnknownAxisError, match=r"`RealizedMesh.group` requires an axis name of the mesh, but "
+                                                  r"got axis='tp'; valid: \('dp', 'cp'\)"):
+        rm["dp", "cp"].group(("cp", "tp"))
+    # the torch mesh of a selection in mesh order finds the product too (FSDP2 flattens it itself)
+    assert rm["dp", "cp"].device_mesh["dp", "cp"]._flatten("dp_cp").get_group() is product
+
+
+ENTRY_POINTS = {
+    "realize axes=": ("realize", lambda m, rm: fm.realize(m, axes=("c",))),
+    "realize axes= duplicate": ("realize", lambda m, rm: fm.realize(m, axes=("a", "a"))),
+    "realize products=": ("realize", lambda m, rm: fm.realize(m, products=[("a", "c")])),
+    "realize products= duplicate": ("realize", lambda m, rm: fm.realize(m, products=[("a", "a")])),
+    "rm.group tuple": ("RealizedMesh.group", lambda m, rm: rm.group(("a", "c"))),
+    "rm.group name": ("RealizedMesh.group", lambda m, rm: rm.group("c")),
+    "rm[...] name": ("RealizedMesh[...]", lambda m, rm: rm["c"]),
+    "rm[...] tuple": ("RealizedMesh[...]", lambda m, rm: rm["a", "c"]),
+    "rm[...] duplicate": ("RealizedMesh[...]", lambda m, rm: rm["a", "a"]),
+    "rm.axis_size": ("RealizedMesh.axis_size", lambda m, rm: rm.axis_size("c")),
+    "rm.local_rank": ("RealizedMesh.local_rank", lambda m, rm: rm.local_rank("c")),
+    "psum over a tuple": ("psum", lambda m, rm: fm.psum(torch.ones(1), ("a", "c"), mesh=rm)),
+}
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_every_entry_point_of_realize_and_the_handle_names_itself(world, entry):
+    # Was: realize(axes=/products=), rm.group((...)), rm[...] and rm.axis_size reported `Mesh[...]` or
+    # `Mesh.axis_size`, an API the user did not call.
+    world(0, 4)
+    mesh = fm.make_mesh((2, 2), ("a", "b"))
+    rm = fm.realize(mesh, products=[("a", "b")])
+    api, call = ENTRY_POINTS[entry]
+    with pytest.raises((fm.MeshError, TypeError)) as info:
+        call(mesh, rm)
+    assert str(info.value).startswith(f"`{api}` requires"), str(info.value)
+
+
+def test_the_handle_and_interop_create_no_group_after_realize(world):
+    # Was: rm.group(<size-1 axis>), rm.device_mesh and fm.distribute made the one-rank group lent to
+    # torch lazily, on first use: code documented as free of effects created a process group.
+    world(3, 8)
+    c10d = dist.distributed_c10d._world
+    mesh = fm.make_mesh((2, 1, 4), ("dp", "one", "tp"))
+    rm = fm.realize(mesh)
+    registered = (len(c10d.pg_map), len(c10d.pg_names), c10d.group_count)
+    lent = rm.group("one")
+    rm.device_mesh  # noqa: B018
+    rm["one", "tp"].device_mesh  # noqa: B018
+    fm.distribute(torch.arange(8.0), fm.NamedSharding(mesh, fm.P("tp")), mesh=rm)
+    fm.distribute(torch.arange(8.0), fm.NamedSharding(mesh["one"], fm.P("one")), mesh=rm["one"])
+    assert (len(c10d.pg_map), len(c10d.pg_names), c10d.group_count) == registered
+    assert dist.get_process_group_ranks(lent) == [3] and lent.group_desc == "mesh_size1"
+    # realize made it, once per process, local to the rank and outside torch's group counter
+    again = fm.realize(fm.make_mesh((8, 1), ("w", "unit")))
+    assert again.group("unit") is lent and (len(c10d.pg_map), c10d.group_count) == registered[::2]
+
+
+def test_realize_and_the_collective_check_number_their_calls_with_one_counter():
+    # Was: realize kept its own counter (GroupCache.calls) beside the agreement's (_agree._CALLS).
+    from functional_mesh import _agree, _cache, _realize
+
+    assert not hasattr(_cache.CACHE, "calls")
+    assert _realize._next_call is _agree._next_call
