@@ -11,18 +11,23 @@ import sys
 import numpy as np
 
 from ._errors import MeshError, requires
-from ._validate import MAX_RANK, as_int_array
+from ._validate import MAX_RANK, Frozen, as_int_array
 
 __all__ = ["DeviceList"]
 
 
 
-class DeviceList:
+class DeviceList(Frozen):
     """An immutable list of distinct non-negative global ranks.
 
     A list that is an arithmetic progression (``range(start, stop, step)``, any step) is stored
     as three ints and never materialised; any other list is stored once as a read-only int64
     array. An explicit list equal to a range *is* that range (equal value, equal hash).
+
+    A plain ``__slots__`` value on :class:`~functional_mesh._validate.Frozen`: every mesh derived
+    from a list shares it, so an assignment would change them all; it raises instead. The one
+    field set after construction is the lazy inverse index of an array list (a cache, not a part
+    of the value).
     """
 
     __slots__ = ("_n", "_start", "_step", "_array", "_hash", "_inverse")
@@ -36,12 +41,10 @@ class DeviceList:
         if n <= 1:  # normal form: a range is determined by its elements
             step = 1
             start = start if n else 0
-        self._n, self._start, self._step, self._array = n, start, step, array
-        self._inverse = None
-        if array is None:
-            self._hash = hash(("range", n, start, step))
-        else:
-            self._hash = hash(("array", array.tobytes()))
+        key = ("range", n, start, step) if array is None else ("array", array.tobytes())
+        for name, value in (("_n", n), ("_start", start), ("_step", step), ("_array", array),
+                            ("_hash", hash(key)), ("_inverse", None)):
+            object.__setattr__(self, name, value)
         return self
 
     @classmethod
@@ -148,7 +151,10 @@ class DeviceList:
             return q if r == 0 and 0 <= q < self._n else None
         if self._inverse is None:
             order = np.argsort(self._array, kind="stable")
-            self._inverse = (self._array[order], order)
+            sorted_ranks = self._array[order]
+            for a in (order, sorted_ranks):
+                a.setflags(write=False)
+            object.__setattr__(self, "_inverse", (sorted_ranks, order))
         ranks, order = self._inverse
         pos = int(np.searchsorted(ranks, rank))
         return int(order[pos]) if pos < self._n and ranks[pos] == rank else None

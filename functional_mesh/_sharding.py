@@ -59,25 +59,28 @@ def _entry(value: object) -> Entry:
 class PartitionSpec(Frozen):
     """Per tensor dim: ``None``, an axis name, or a tuple of axis names.
 
-    Trailing ``None``s do not change the meaning (``P("dp", None) == P("dp")``, equal hashes), but
-    they count in ``len(spec)``, the rank a value needs (JAX: "only valid for values of rank at
-    least N"): ``P(None)`` does not fit a 0-d tensor. ``entries`` is the normal form, without them.
+    Equal specs are interchangeable: equality and hash follow the entries as written, after each
+    entry's normal form (``()`` is ``None``, ``("dp",)`` is ``"dp"``). Trailing ``None``s count, as
+    in JAX: ``P("dp", None)`` asks for a value of rank at least 2 (``len(spec)``), so it differs
+    from ``P("dp")``, and ``P(None)``, which does not fit a 0-d tensor, from ``P()``. They split a
+    tensor they both fit the same way. ``entries`` is the spec without its trailing ``None``s: the
+    dims that are split, and the replicated ones before them.
 
     A plain ``__slots__`` value (see :class:`~functional_mesh._validate.Frozen`): its constructor
     takes the entries positionally, as JAX's does, which an attrs field cannot express.
 
     Examples:
-        >>> P("dp", None) == P("dp") == P(("dp",))
-        True
+        >>> P("dp", None) == P(("dp",), ()), P("dp", None) == P("dp")
+        (True, False)
         >>> P(("dp", "cp"), "tp")
         P(('dp', 'cp'), 'tp')
-        >>> len(P("dp", None)), P("dp", None)
-        (2, P('dp', None))
+        >>> len(P("dp", None)), P("dp", None).entries
+        (2, ('dp',))
     """
 
     __slots__ = ("entries", "_given")
-    entries: tuple[Entry, ...]  # the normal form: trailing Nones dropped
-    _given: tuple[Entry, ...]  # as written (normalised entries, trailing Nones kept)
+    entries: tuple[Entry, ...]  # without trailing Nones
+    _given: tuple[Entry, ...]  # as written, each entry in normal form: the value
 
     def __init__(self, *entries: object) -> None:
         given = tuple(_entry(e) for e in entries)
@@ -90,10 +93,10 @@ class PartitionSpec(Frozen):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PartitionSpec):
             return NotImplemented
-        return self.entries == other.entries
+        return self._given == other._given
 
     def __hash__(self) -> int:
-        return hash(self.entries)
+        return hash(self._given)
 
     def __reduce__(self):
         return (PartitionSpec, self._given)

@@ -145,10 +145,10 @@ def _collect_ints(api: str, values: Iterable, out: list[int]) -> None:
 class Frozen:
     """Base of the library's hand-built values: no assignment or deletion after construction.
 
-    ``Layout``, ``Mesh``, ``PartitionSpec`` and ``RealizedMesh`` write their own constructors
-    (canonical form on the hot path of every O(ndim) transformation, measured in
-    ``benchmarks/bench_transforms.py``), so they are plain ``__slots__`` classes rather than attrs
-    classes; constructors set slots with ``object.__setattr__``, and every other assignment is an
+    ``Layout``, ``DeviceList``, ``Mesh``, ``MeshShape``, ``PartitionSpec`` and ``RealizedMesh`` write
+    their own constructors (canonical form on the hot path of every O(ndim) transformation,
+    measured in ``benchmarks/bench_transforms.py``), so they are plain ``__slots__`` classes rather
+    than attrs classes; constructors set slots with ``object.__setattr__``, and every other assignment is an
     ``AttributeError``, as on a frozen attrs class.
     """
 

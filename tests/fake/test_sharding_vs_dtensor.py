@@ -23,6 +23,7 @@ SPECS = [
     P("dp"), P(None, "tp"), P("dp", "tp"), P(("dp", "tp")), P(("dp", "cp", "tp")),
     P(("tp", "dp")),  # against mesh order: _StridedShard, as FSDP2 + TP produce
     P(("tp", "cp"), "dp"), P(("cp", "dp", "tp")),
+    P("dp", None), P(None, None),  # trailing Nones: other specs (P("dp") != P("dp", None)), same shards
 ]
 SHAPES = [(8, 6), (5, 3), (6, 7), (7, 1), (0, 4)]
 
@@ -52,6 +53,14 @@ def test_placements_reproduce_local_slices_on_every_rank(name):
             fm.clear_cache()
             dist.destroy_process_group()
     assert checked == 8 * len(SPECS) * len(SHAPES)
+
+
+def test_specs_that_differ_in_trailing_nones_have_the_same_placements_and_distinct_values():
+    # DTensor placements do not record a spec's trailing Nones: sharding_of gives the shortest spec
+    mesh = MESHES["3d"]
+    for short, long in [(P(), P(None)), (P("dp"), P("dp", None)), (P(None, "tp"), P(None, "tp", None, None))]:
+        a, b = fm.NamedSharding(mesh, short), fm.NamedSharding(mesh, long)
+        assert a != b and a.placements == b.placements, (short, long)
 
 
 def test_against_mesh_order_is_a_strided_shard():

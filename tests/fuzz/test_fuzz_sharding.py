@@ -133,13 +133,15 @@ def partition_spec_case(draw):
             return None if not e else e[0] if len(e) == 1 else tuple(e)
         return e
 
-    expected = [normal(e) for e in entries]
+    written = [normal(e) for e in entries]
+    expected = list(written)
     while expected and expected[-1] is None:
         expected.pop()
 
     def check(spec):
-        assert spec.entries == tuple(expected) and spec == P(*expected), (spec, expected)
-        # trailing Nones count in len(spec), the rank a value needs (JAX), not in equality
+        # trailing Nones count, in len(spec) (the rank a value needs) and in equality, as in JAX
+        assert spec == P(*written) and tuple(spec) == tuple(written), (spec, written)
+        assert spec.entries == tuple(expected) and (spec == P(*expected)) == (written == expected)
         assert isinstance(spec, PartitionSpec) and len(spec) == len(entries)
 
     kind = pick(draw, ["valid"] * 2 + ["empty-name", "entry-type", "name-type-in-tuple", "empty-name-in-tuple"])

@@ -95,6 +95,46 @@ def test_shape_is_ordered_read_only_mapping():
         shape["dp"] = 3  # type: ignore[index]
 
 
+class _DictMapping(Mapping):
+    """The reference: collections.abc.Mapping's mixin methods over a plain dict's lookups."""
+
+    def __init__(self, items):
+        self._d = dict(items)
+
+    def __getitem__(self, key):
+        return self._d[key]
+
+    def __iter__(self):
+        return iter(self._d)
+
+    def __len__(self):
+        return len(self._d)
+
+
+SHAPE_KEYS = ["dp", "tp", "cp", "tpp", "", 0, 1, -1, 2, True, None, 1.5, ("dp",), b"dp", frozenset({"dp"})]
+
+
+@pytest.mark.parametrize("key", SHAPE_KEYS, ids=repr)
+def test_shape_answers_in_and_get_as_a_mapping_does(key):
+    # issue: ``0 in mesh.shape`` and ``mesh.shape.get(0)`` raised the by-position MeshError
+    shape, ref = DP_TP.shape, _DictMapping({"dp": 2, "tp": 4})
+    assert (key in shape) is (key in ref)
+    assert shape.get(key) == ref.get(key) and shape.get(key, "default") == ref.get(key, "default")
+
+
+def test_shape_answers_the_rest_of_the_mapping_protocol_as_a_mapping_does():
+    shape, ref = DP_TP.transpose("tp", "dp").shape, _DictMapping({"tp": 4, "dp": 2})
+    assert list(shape) == list(ref) == ["tp", "dp"] and len(shape) == len(ref) == 2
+    assert list(shape.keys()) == list(ref.keys()) and list(shape.values()) == list(ref.values())
+    assert list(shape.items()) == list(ref.items()) == [("tp", 4), ("dp", 2)]
+    assert "dp" in shape.keys() and 0 not in shape.keys() and ("dp", 2) in shape.items()
+    assert 4 in shape.values() and (0, 2) not in shape.items()
+    # == as Mapping's: by items, whatever the order; a non-mapping is never equal
+    assert shape == ref == {"dp": 2, "tp": 4} == DP_TP.shape and shape != {"dp": 2} and shape != [("tp", 4)]
+    assert not (shape != {"dp": 2, "tp": 4})
+    assert [] not in shape and shape.get([]) is None  # an unhashable key is not an axis name
+
+
 def test_shape_by_position_is_mesh_error_with_hint():
     with pytest.raises(MeshError, match=r"`mesh.shape\[...\]` requires an axis name .*but got key=0; "
                                         r"valid: \('dp', 'tp'\); for sizes by position use mesh.axis_sizes\[0\]"):

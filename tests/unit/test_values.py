@@ -12,6 +12,7 @@ from functional_mesh import Layout, MeshError, NamedSharding, P, PartitionSpec, 
 
 MESH = fm.make_mesh((2, 4), ("dp", "tp"))
 VALUES = {
+    "DeviceList": MESH["tp", "dp"].device_list,
     "Layout": Layout((2, 3), (6, 1)),
     "Mesh": MESH["tp", "dp"],
     "PartitionSpec": P(("dp", "tp"), None, "cp"),
@@ -19,7 +20,8 @@ VALUES = {
 
 
 @pytest.mark.parametrize("kind", sorted(VALUES))
-@pytest.mark.parametrize("attribute", ["modes", "_axis_names", "_layouts", "_hash", "entries", "new_attribute"])
+@pytest.mark.parametrize("attribute", ["modes", "_axis_names", "_layouts", "_hash", "entries", "new_attribute",
+                                       "_n", "_start", "_step", "_array", "_inverse", "_items"])
 def test_hand_built_values_refuse_assignment_and_deletion(kind, attribute):
     value = VALUES[kind]
     copy = pickle.loads(pickle.dumps(value))
@@ -52,8 +54,71 @@ def test_named_sharding_is_a_real_attrs_class_and_evolve_revalidates():
         sh.spec = P()
 
 
-def test_partition_spec_equality_and_hash_follow_the_normal_form():
-    assert P("dp", None) == P("dp") == P(("dp",)) == PartitionSpec("dp", ())
-    assert hash(P("dp", None)) == hash(P(("dp",)))
+@pytest.mark.parametrize("devices", [None, [7, 6, 5, 0, 1, 2, 3, 4]], ids=["range", "array"])
+def test_the_device_list_is_read_only_all_the_way_down(devices):
+    # issue: ``mesh.device_list._n = 3`` silently changed every mesh derived from the list
+    mesh = fm.make_mesh((2, 4), ("dp", "tp"), devices=devices)
+    derived = [mesh, mesh["tp"], mesh.flatten(), mesh.transpose("tp", "dp"), mesh.unflatten("tp", {"a": 2, "b": 2})]
+    before = [(m.groups().tolist(), m.num_devices, m.coordinate(5), hash(m), repr(m)) for m in derived]
+    dl = mesh.device_list
+    for name, value in [("_n", 3), ("_start", 1), ("_step", 2), ("_array", None), ("_hash", 0), ("_inverse", None)]:
+        with pytest.raises(AttributeError, match=r"DeviceList is read-only: cannot set '" + name):
+            setattr(dl, name, value)
+        with pytest.raises(AttributeError, match=r"DeviceList is read-only: cannot delete '" + name):
+            delattr(dl, name)
+    for array in (mesh.devices, dl.to_array()):  # the list's own ranks (groups() is a fresh array)
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 3
+    assert dl.index_of(5) is not None  # fills the lazy inverse of an array list: no assignment from outside
+    assert [(m.groups().tolist(), m.num_devices, m.coordinate(5), hash(m), repr(m)) for m in derived] == before
+    assert mesh.device_list is dl and dl == pickle.loads(pickle.dumps(dl))
+
+
+def test_mesh_shape_is_read_only():
+    shape = MESH.shape
+    with pytest.raises(AttributeError, match="MeshShape is read-only"):
+        shape._items = {"dp": 3}  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        shape._items["dp"] = 3  # type: ignore[index]
+    with pytest.raises(TypeError):
+        shape["dp"] = 3  # type: ignore[index]
+    assert MESH.shape == {"dp": 2, "tp": 4} and pickle.loads(pickle.dumps(shape)) == shape
+    assert list(pickle.loads(pickle.dumps(MESH.transpose("tp", "dp").shape))) == ["tp", "dp"]
+
+
+def test_partition_spec_equality_and_hash_follow_the_entries_as_written():
+    # JAX: P("x") != P("x", None). A trailing None asks for one more dim (P(None) does not fit a
+    # 0-d tensor, P() does), so specs that differ in trailing Nones are different values.
+    assert P("dp", None) == PartitionSpec(("dp",), ()) and hash(P("dp", None)) == hash(P(("dp",), None))
+    assert P("dp") == P(("dp",)) and P(None) == P(()) and P(["dp", "tp"]) == P(("dp", "tp"))
+    assert P("dp", None) != P("dp") and P(None) != P() and P(None, None) != P(None)
+    assert hash(P(None)) != hash(P()) and hash(P("dp", None)) != hash(P("dp"))
     assert P("dp") != P("tp") and P("dp") != ("dp",)
     assert pickle.loads(pickle.dumps(P(("dp", "tp"), None, "cp"))) == P(("dp", "tp"), None, "cp")
+    assert pickle.loads(pickle.dumps(P("dp", None))) == P("dp", None) != P("dp")
+    assert NamedSharding(MESH, P(None)) != NamedSharding(MESH, P())
+    assert NamedSharding(MESH, P("dp", None)) == NamedSharding(MESH, P(("dp",), ()))
+
+
+SPECS = [P(), P(None), P(()), P(None, None), P("dp"), P(("dp",)), P("dp", None), P(("dp",), ()), P(None, "tp"),
+         P((), "tp"), P(("dp", "tp")), P(["dp", "tp"]), P(("dp", "tp"), None), P("tp", "dp"), P("tp", "dp", None)]
+
+
+@pytest.mark.parametrize("a", SPECS, ids=repr)
+@pytest.mark.parametrize("b", SPECS, ids=repr)
+def test_equal_specs_are_interchangeable(a, b):
+    """Equal specs, and equal shardings, answer every question the same way (and only they are equal)."""
+    assert (a == b) == (tuple(a) == tuple(b))
+    if a != b:
+        return
+    assert hash(a) == hash(b) and len(a) == len(b) and repr(a) == repr(b) and a.entries == b.entries
+    sa, sb = NamedSharding(MESH, a), NamedSharding(MESH, b)
+    assert sa == sb and hash(sa) == hash(sb) and repr(sa) == repr(sb)
+    for shape in [(), (8,), (8, 4), (8, 4, 2)]:
+        outcomes = []
+        for sh in (sa, sb):
+            try:
+                outcomes.append((sh.shard_shape(shape), sh.local_slices(shape, 5), sh.devices_indices_map(shape)))
+            except MeshError as e:
+                outcomes.append(str(e))
+        assert outcomes[0] == outcomes[1], (a, b, shape)
