@@ -1,40 +1,43 @@
 """The package is one line of floors (functional_mesh/README.md): imports only go down, no cycles.
 
-Every import between our own modules is read from the source with ``ast``, at module level and
-inside functions alike. The test fails on an import cycle (function-level imports included), on
-a module-level import that goes up the floors, and on a function-level import between our modules
-that is not listed below with its reason.
+The floors are read from the README's table, so the numbers it shows are the ones checked. Every
+import between our own modules is read from the source with ``ast``, at module level and inside
+functions alike. The test fails on an import cycle (function-level imports included), on a
+module-level import that goes up the README's floors, on a function-level import between our
+modules that is not listed below with its reason, on a module the table lacks, and on an
+integration (``integrations/``) that imports more than the facade, torch, torchtitan and the
+standard library.
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
+import sys
 
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "functional_mesh"
 
+
+def readme_floors(text: str) -> dict[str, int]:
+    """``{module: floor}`` from the table of functional_mesh/README.md (``| 5 | `_sharding`, `_order` | ...``)."""
+    floors: dict[str, int] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or not re.fullmatch(r"\d+( \(top\))?", cells[0]):
+            continue
+        for module in re.findall(r"`([\w.]+)`", cells[1]):
+            assert module not in floors, f"functional_mesh/README.md puts {module} on two floors"
+            floors[module] = int(cells[0].split()[0])
+    return floors
+
+
+README = PACKAGE / "README.md"
+FLOOR_OF = readme_floors(README.read_text())  # the floors as the README states them: the tests check them
 # Bottom first. A module may import only modules on lower floors.
-FLOORS: list[set[str]] = [
-    {"_errors"},
-    {"_validate"},
-    {"_layout"},
-    {"layout", "_devices"},
-    {"_mesh"},
-    {"_sharding", "_order", "_realize_plan"},
-    {"_visualize"},
-    {"_torch"},
-    {"_agree", "_cache"},
-    {"_handle"},
-    {"_realize"},
-    {"_collectives"},
-    {"_interop"},
-    {"_vma"},
-    {"_op_rules"},
-    {"_shard_map"},
-    {"__init__", "__main__"},
-]
+FLOORS: list[set[str]] = [{m for m, f in FLOOR_OF.items() if f == i} for i in range(max(FLOOR_OF.values()) + 1)]
 
 # Function-level imports between our modules that are truly needed, each with its reason.
 LAZY_ALLOWED = {
@@ -43,10 +46,9 @@ LAZY_ALLOWED = {
 
 
 def _floor(module: str) -> int:
-    for i, floor in enumerate(FLOORS):
-        if module in floor:
-            return i
-    raise AssertionError(f"module {module!r} is on no floor: add it to FLOORS and to functional_mesh/README.md")
+    if module in FLOOR_OF:
+        return FLOOR_OF[module]
+    raise AssertionError(f"module {module!r} is on no floor: add it to the table in functional_mesh/README.md")
 
 
 def _target(node: ast.ImportFrom | ast.Import, module: str) -> list[str]:
@@ -144,8 +146,84 @@ def test_function_level_imports_between_our_modules_are_only_the_listed_ones():
     assert lazy == sorted(LAZY_ALLOWED), f"function-level imports: {lazy}; allowed: {sorted(LAZY_ALLOWED)}"
 
 
-def test_the_package_readme_states_the_floors():
-    text = (PACKAGE / "README.md").read_text()
-    for floor in FLOORS:
-        for module in floor:
-            assert f"{module}" in text, f"functional_mesh/README.md does not mention {module}"
+def test_the_readme_table_numbers_every_floor_once_from_0_to_the_top():
+    assert sorted(set(FLOOR_OF.values())) == list(range(len(FLOORS))) and all(FLOORS)
+    assert FLOORS[0] == {"_errors"} and FLOORS[-1] == {"__init__", "__main__"}
+
+
+def test_the_readme_lists_exactly_the_modules_of_the_package():
+    assert sorted(FLOOR_OF) == sorted(p.stem for p in PACKAGE.glob("*.py"))
+
+
+def test_readme_floors_is_checked_against_the_table_as_written():
+    table = """| floor | modules | job | torch? |
+|---|---|---|---|
+| 2 (top) | `__init__` | the facade | no |
+| 1 | `_mesh`, `_sharding` | values | no |
+| 0 | `_errors` | errors | no |
+"""
+    assert readme_floors(table) == {"__init__": 2, "_mesh": 1, "_sharding": 1, "_errors": 0}
+    # a module moved to another floor in the README is seen: here _mesh would import _sharding sideways
+    edges = [("_mesh", "_sharding", False, 1), ("_sharding", "_errors", False, 1)]
+    floors = readme_floors(table)
+    assert [(a, b) for a, b, _, _ in edges if floors[b] >= floors[a]] == [("_mesh", "_sharding")]
+
+
+# -- integrations: clients of the facade, above every floor ----------------------------------------
+
+INTEGRATIONS = PACKAGE / "integrations"
+INTEGRATION_MAY_IMPORT = {"functional_mesh", "torch", "torchtitan"}  # and the standard library
+
+
+def integration_imports(path: pathlib.Path) -> list[tuple[str, int]]:
+    """``(imported module, line)`` for every import in ``path``, relative ones resolved in the package."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # from . import x / from .. import _mesh: inside functional_mesh
+                base = ".".join(["functional_mesh", "integrations"][:max(0, 2 - node.level + 1)])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module or ""
+            names = [f"{module}.{a.name}" for a in node.names]
+            out += [(n, node.lineno) for n in names] if module in {"functional_mesh", "functional_mesh.integrations"} \
+                else [(module, node.lineno)]
+    return out
+
+
+def bad_integration_imports(imported: list[tuple[str, int]], name: str) -> list[str]:
+    bad = []
+    for module, line in imported:
+        top = module.split(".")[0]
+        if top == "functional_mesh":
+            parts = module.split(".")
+            ok = len(parts) == 1 or parts[1] == "integrations" or not parts[1].startswith("_")
+        else:
+            ok = top in INTEGRATION_MAY_IMPORT or top in sys.stdlib_module_names or top == "__future__"
+        if not ok:
+            bad.append(f"{name}:{line} imports {module}")
+    return bad
+
+
+@pytest.mark.parametrize("path", sorted(INTEGRATIONS.glob("*.py")), ids=lambda p: p.name)
+def test_integrations_import_only_the_facade_torch_and_torchtitan(path):
+    assert bad_integration_imports(integration_imports(path), path.name) == []
+
+
+def test_the_integration_import_check_can_fail(tmp_path):
+    imported = [("functional_mesh", 1), ("functional_mesh.Mesh", 2), ("torch.distributed", 3), ("itertools", 4),
+                ("functional_mesh._mesh", 5), ("functional_mesh._mesh.Mesh", 6), ("numpy", 7), ("attrs", 8)]
+    assert bad_integration_imports(imported, "x.py") == [
+        "x.py:5 imports functional_mesh._mesh", "x.py:6 imports functional_mesh._mesh.Mesh", "x.py:7 imports numpy",
+        "x.py:8 imports attrs"]
+    source = "from .. import _mesh\nfrom functional_mesh._sharding import P\nfrom functional_mesh import P\n"
+    path = tmp_path / "probe.py"
+    path.write_text(source)
+    assert bad_integration_imports(integration_imports(path), "p.py") == [
+        "p.py:1 imports functional_mesh._mesh", "p.py:2 imports functional_mesh._sharding"]
+
+
+def test_nothing_in_the_package_imports_its_integrations():
+    assert [(a, line) for a, b, _, line in imports() if b == "integrations"] == []

@@ -38,6 +38,7 @@ __all__ = [
     "Shown",
     "bad",
     "bad_axis_name",
+    "check_still_open",
     "fresh_name",
     "fresh_names",
     "is_open",
@@ -257,8 +258,8 @@ def bad_axis_name(draw, names: tuple[str, ...], extra_types: tuple[object, ...] 
 # FIXED_BUGS: every bug this suite found, as its minimal reproduction; each now obeys the rule
 # (tests/fuzz/test_bugs.py runs them all, every time). OPEN_BUGS: a bug found but not fixed yet
 # (key -> reproduction). The generators skip a mutation while its key is open (is_open), so a run
-# stays useful, and test_bugs.py checks each open reproduction still breaks the rule: once it is
-# fixed that test fails, telling you to move the entry to FIXED_BUGS.
+# stays useful, and test_bugs.py checks each open reproduction still breaks the rule
+# (check_still_open): once it is fixed that test fails, telling you to move the entry to FIXED_BUGS.
 
 _M = fm.make_mesh((2, 4), ("dp", "tp"))
 
@@ -383,5 +384,20 @@ OPEN_BUGS: dict[str, Case] = {}
 
 
 def is_open(key: str) -> bool:
-    """True while the bug ``key`` is open: the generators then leave that mutation out."""
+    """True while the bug ``key`` is open: the generators then leave that mutation out.
+
+    A key in neither dict is a ``KeyError``: a misspelt key would silently keep its mutation out
+    (or in) whatever the bug's state.
+    """
+    if key not in OPEN_BUGS and key not in FIXED_BUGS:
+        raise KeyError(f"no bug {key!r} in FIXED_BUGS or OPEN_BUGS")
     return key in OPEN_BUGS
+
+
+def check_still_open(key: str, case: Case) -> None:
+    """Raise ``AssertionError`` when the open bug ``key`` no longer breaks the rule (it was fixed)."""
+    try:
+        run(case, count=False)
+    except FuzzFailure:
+        return
+    raise AssertionError(f"open bug {key!r} no longer reproduces: move it to FIXED_BUGS ({case.what})")
