@@ -135,7 +135,6 @@ ABSENT = {
     "P.UNCONSTRAINED": lambda: not hasattr(fm.P, "UNCONSTRAINED") and "unreduced" not in _params(fm.P),
     "axis_names=": lambda: "axis_names" not in _params(fm.shard_map),
     "pmax": lambda: not hasattr(fm, "pmax") and not hasattr(fm, "pmin"),
-    "ragged_all_to_all": lambda: not hasattr(fm, "ragged_all_to_all"),
     "axis_index_groups=": lambda: all("axis_index_groups" not in _params(getattr(fm, c))
                                       for c in ("psum", "pmean", "all_gather", "psum_scatter", "all_to_all")),
     "pshuffle": lambda: not hasattr(fm, "pshuffle"),
