@@ -29,6 +29,7 @@ _LAZY: dict[str, str] = {
     "realize": "_realize",
     "RealizedMesh": "_handle",
     "current_mesh": "_handle",
+    "abort": "_handle",
     "CacheInfo": "_cache",
     "cache_info": "_cache",
     "clear_cache": "_cache",

@@ -35,6 +35,13 @@ _CALLS: dict[str, int] = {}  # participant set -> agreements this process made i
 _LOCK = threading.Lock()
 
 
+def _restart_numbering() -> None:
+    """Number every participant set's calls from 1 again (after ``fm.abort``: a re-formed job
+    may hold new processes, which start at 1, beside the survivors)."""
+    with _LOCK:
+        _CALLS.clear()
+
+
 def _next_call(space: str) -> int:
     """The number of this process's next agreement among the participant set named ``space``."""
     with _LOCK:

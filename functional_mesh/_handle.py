@@ -16,12 +16,13 @@ from typing import Any, NamedTuple
 import torch
 
 from . import _torch
-from ._cache import CACHE
+from ._agree import _restart_numbering
+from ._cache import CACHE, abort_all
 from ._errors import MeshError, requires
 from ._mesh import Mesh, axis_position, select
 from ._validate import Frozen, as_name_tuple
 
-__all__ = ["Hop", "RealizedMesh", "current_mesh", "hop_of", "index_along", "resolve_mesh"]
+__all__ = ["Hop", "RealizedMesh", "abort", "current_mesh", "hop_of", "index_along", "resolve_mesh"]
 
 _CURRENT: contextvars.ContextVar[tuple[RealizedMesh, ...]] = contextvars.ContextVar("functional_mesh_current",
                                                                                      default=())
@@ -115,9 +116,25 @@ class RealizedMesh(Frozen):
         "_coordinate", "This rank's coordinate in its submesh (mesh order), ``None`` when outside the mesh.")
 
     def _check_alive(self, api: str) -> None:
+        """Raise ``MeshError`` when this handle's groups were destroyed (clear_cache) or aborted (abort).
+
+        The hook for anything that memoises per handle (``_memo``): a memo is valid while
+        ``self._epoch == CACHE.epoch``; otherwise call this, which raises.
+        """
         if self._epoch != CACHE.epoch:
+            again = ("call realize(mesh) again (after re-forming the default group if a peer died)"
+                     if CACHE.ended.startswith("abort") else "call realize(mesh) again")
             raise MeshError(f"`{api}` requires a realized mesh whose groups still exist, but got {self!r}, "
-                            f"whose groups clear_cache() destroyed; call realize(mesh) again")
+                            f"whose groups {CACHE.ended}; {again}")
+
+    def abort(self) -> None:
+        """Abort every process group realize made in this process; no collective call.
+
+        The same as :func:`functional_mesh.abort`: groups are shared between every mesh realized
+        from the cache, so abort is per cache, not per mesh. Afterwards every realized mesh
+        raises ``MeshError``, the cache is empty and ``realize`` makes fresh groups.
+        """
+        abort()
 
     @property
     def axis_names(self) -> tuple[str, ...]:
@@ -329,3 +346,24 @@ def _in_order(names: tuple[str, ...], root_names: tuple[str, ...]) -> bool:
     """True when ``names`` is a subsequence of ``root_names`` in the same order."""
     it = iter(root_names)
     return all(n in it for n in names)
+
+
+def abort(rm: RealizedMesh | None = None) -> None:
+    """Abort every process group realize made in this process, without a collective call.
+
+    For a job that lost a peer or is stuck: it returns in bounded time whatever the other ranks
+    do (see docs/reliability.md). Each group is aborted (NCCL's aborts together, in one
+    ``ncclGroupStart``/``End``) and forgotten by torch; the default group is the job's and is
+    left alone. Afterwards every realized mesh raises ``MeshError``, the cache is empty,
+    collective calls are numbered from 1 again, and ``realize`` makes fresh groups (after the
+    job has re-formed its default group, when a peer died).
+
+    Args:
+        rm: ``None``, or a realized mesh (``rm.abort()``): the same, since realized meshes share
+            their groups through the cache, abort is per cache.
+    """
+    if rm is not None and not isinstance(rm, RealizedMesh):
+        raise TypeError(requires("abort", "rm=None or a RealizedMesh", "rm", rm))
+    groups = abort_all()
+    _restart_numbering()
+    _torch.abort_groups(groups)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -49,11 +49,15 @@ from ._errors import MeshError, requires
 from ._handle import RealizedMesh
 from ._mesh import Mesh
 from ._realize_plan import (
+    AxisSettings,
+    as_backend,
     as_timeout,
     axis_report,
     check_timeout_seconds,
     creation_method,
+    describe_options,
     describe_request,
+    per_axis,
     plan_init,
     product_axes,
     realized_axes,
@@ -75,8 +79,9 @@ def realize(
     mesh: Mesh,
     device_type: str | None = None,
     *,
-    backend: str | None = None,
-    timeout: float | datetime.timedelta | None = None,
+    backend: str | None | Mapping[Any, str | None] = None,
+    timeout: float | datetime.timedelta | None | Mapping[Any, float | datetime.timedelta | None] = None,
+    pg_options: Any = None,
     check: bool | float = True,
     products: Iterable[Sequence[str]] = (),
     axes: Iterable[str] | None = None,
@@ -86,6 +91,12 @@ def realize(
     Every rank of the default group must call it, in the same order, with an equal mesh.
     Initialises the default group from the torchrun environment when none exists.
 
+    ``backend``, ``timeout`` and ``pg_options`` each take one value for every axis, or a
+    mapping from an axis name (or a product tuple of ``products=``) to a value; an axis left out
+    of the mapping gets the default. They are part of the cache key (equal rank sets with other
+    settings are other groups) and of the divergence check. An axis whose one group is the whole
+    world reuses the default group only when its settings are the default group's.
+
     Args:
         mesh: the mesh value. Its devices must be ranks of the world.
         device_type: "cpu" or "cuda"; ``None`` follows the default group's backend (or CUDA
@@ -93,6 +104,8 @@ def realize(
         backend: ``None`` = the default group's backend when it serves ``device_type`` (as in
             ``new_group``), else gloo for cpu and NCCL for cuda.
         timeout: timeout of the created groups (seconds or a timedelta); ``None`` = torch's.
+        pg_options: the backend's options object for ``new_group``/``split_group`` (e.g.
+            ``ProcessGroupNCCL.Options``); compared across ranks by its type and public fields.
         check: compare the request across all ranks first and raise ``MeshError`` on every
             rank that got there when they differ or one never arrives: ``True`` (wait
             ``$FUNCTIONAL_MESH_CHECK_TIMEOUT`` or 60 s), ``False``, or a number of seconds.
@@ -107,34 +120,42 @@ def realize(
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(requires("realize", "a functional_mesh.Mesh", "mesh", mesh))
-    timeout_td = as_timeout(timeout)
     wait_s = check_timeout_seconds(check, os.environ)
     products_t = product_axes(mesh, products)
     axes_t = realized_axes(mesh, axes)
+    keys: list[Any] = [*axes_t, *products_t]
+    timeouts = per_axis(mesh, keys, timeout, "timeout", as_timeout)
+    backends = per_axis(mesh, keys, backend, "backend", as_backend)
+    options = per_axis(mesh, keys, pg_options, "pg_options", lambda v: v)
+    one_backend = None if isinstance(backend, Mapping) else as_backend(backend)
     if not dist.is_initialized():
-        _init_default(device_type, backend, timeout_td)
+        _init_default(device_type, one_backend, None if isinstance(timeout, Mapping) else as_timeout(timeout))
     default_backend = str(dist.get_backend())
-    device_type, backend_name, backend_arg = resolve_backend(default_backend, device_type, backend,
-                                                             torch.cuda.is_available())
+    cuda = torch.cuda.is_available()
+    device_type, backend_name, backend_arg = resolve_backend(default_backend, device_type, one_backend, cuda)
     _check_available(device_type, backend_name, backend_arg)
+    settings: dict[Any, AxisSettings] = {}
+    for key in keys:
+        _, name, arg = resolve_backend(default_backend, device_type, backends[key], cuda)
+        _check_available(device_type, name, arg)
+        settings[key] = AxisSettings(name, arg, timeouts[key], options[key], describe_options(options[key]))
     world, rank = dist.get_world_size(), dist.get_rank()
     if mesh.device_list.max() >= world:
         raise MeshError(requires("realize", f"devices that are ranks of the world (0..{world - 1})",
                                  "largest device", mesh.device_list.max()), mesh=mesh)
-    options = (timeout_td.total_seconds() if timeout_td else None,)
     if wait_s is not None and backend_name != "fake":
         call = _next_call("realize")  # only checked calls are numbered: unchecked lookups shift nothing
-        request = describe_request(mesh, device_type, backend_name, options, products_t, axes_t)
+        request = describe_request(mesh, device_type, settings, products_t, axes_t)
         _check_same_request(call, request, rank, world, wait_s)
     families = [(name, mesh[name]) for name in axes_t]
     families += [(axes, mesh[axes].flatten(name="product")) for axes in products_t]
-    maker = _GroupMaker(device_type, backend_name, backend_arg, options, timeout_td, world, rank, default_backend)
+    maker = _GroupMaker(device_type, world, rank, default_backend)
     groups: dict[Any, Any] = {}
     made: dict[Any, int] = {}
     with CACHE.lock:
         for key, family in families:
             before = CACHE.made
-            groups[key] = maker.group_of_rank(family, key if isinstance(key, str) else "_".join(key))
+            groups[key] = maker.group_of_rank(family, key if isinstance(key, str) else "_".join(key), settings[key])
             made[key] = CACHE.made - before
         # the one-rank group torch is lent for size-1 axes, made here so that the handle has no effects
         lent = (_self_group() if mesh.coordinate(rank) is not None and any(f.size == 1 for _, f in families)
@@ -173,13 +194,10 @@ def _init_default(device_type: str | None, backend: str | None, timeout: datetim
 class _GroupMaker:
     """One realize call's parameters; makes (or finds) the groups of an axis family."""
 
-    def __init__(self, device_type: str, backend: str, backend_arg: str | None, options: tuple,
-                 timeout: datetime.timedelta | None, world: int, rank: int, default_backend: str) -> None:
-        self.device_type, self.backend, self.backend_arg = device_type, backend, backend_arg
-        self.options, self.timeout, self.world, self.rank = options, timeout, world, rank
-        self.default_backend = default_backend
+    def __init__(self, device_type: str, world: int, rank: int, default_backend: str) -> None:
+        self.device_type, self.world, self.rank, self.default_backend = device_type, world, rank, default_backend
 
-    def group_of_rank(self, family: Mesh, label: str) -> Any:
+    def group_of_rank(self, family: Mesh, label: str, settings: AxisSettings) -> Any:
         """This rank's group of the 1-axis ``family`` (``None`` when not a member).
 
         ``label`` names the axis (a product's names joined by ``_``): a group made for it is
@@ -189,7 +207,7 @@ class _GroupMaker:
         (name,) = family.axis_names
         if family.size == 1:  # creation_method's "none": no lookup, no group, no communicator
             return None
-        axis_key = (family.axis_layout(name), family.device_list, self.device_type, self.backend, self.options)
+        axis_key = (family.axis_layout(name), family.device_list, self.device_type, settings.key)
         if axis_key in CACHE.axes:  # a hit: O(1), whatever the world size
             CACHE.hits += 1
             mine = CACHE.axes[axis_key]
@@ -198,29 +216,32 @@ class _GroupMaker:
         CACHE.misses += 1
         rows = tuple(tuple(r) for r in family.groups().reshape(family.num_groups, -1).tolist())
         try:
-            self._create(rows, label)
+            self._create(rows, label, settings)
         except RuntimeError as exc:  # c10d's DistStoreError / gloo errors: a member died or stopped
-            timeout = f"{self.timeout.total_seconds():g} s" if self.timeout else "torch's default timeout"
+            timeout = f"{settings.timeout.total_seconds():g} s" if settings.timeout else "torch's default timeout"
             raise MeshError(
                 f"`realize` could not create the process groups of axis {name!r} (first {list(rows[0])}, "
                 f"{len(rows)} in all) within {timeout}: a member rank probably died or stopped calling realize "
                 f"(set realize(..., timeout=seconds) to fail sooner); torch said: {exc}") from exc
         group = family.group_of(self.rank)
-        mine = None if group is None else CACHE.groups[(tuple(group.reshape(-1).tolist()), self.backend,
-                                                          self.options)]
+        mine = None if group is None else CACHE.groups[(tuple(group.reshape(-1).tolist()), settings.key)]
         CACHE.axes[axis_key] = mine
         _describe_group(mine, label)
         return mine
 
-    def _create(self, rows: tuple[tuple[int, ...], ...], label: str) -> None:
-        missing = [r for r in rows if (r, self.backend, self.options) not in CACHE.groups]
+    def _create(self, rows: tuple[tuple[int, ...], ...], label: str, settings: AxisSettings) -> None:
+        missing = [r for r in rows if (r, settings.key) not in CACHE.groups]
         if not missing:
             return
         default = _torch.default_group()
-        method = creation_method(missing, self.world, self.default_backend, self.backend, _torch.can_split(default))
-        kwargs: dict[str, Any] = {"timeout": self.timeout, "group_desc": f"mesh_{label}"}
+        borrow = settings.pg_options is None and settings.timeout in (None, _torch.group_timeout(default,
+                                                                                                  self.device_type))
+        method = creation_method(missing, self.world, self.default_backend, settings.backend,
+                                 _torch.can_split(default), borrow)
+        kwargs: dict[str, Any] = {"timeout": settings.timeout, "group_desc": f"mesh_{label}",
+                                  "pg_options": settings.pg_options}
         if method == "default":
-            CACHE.groups[(missing[0], self.backend, self.options)] = default
+            CACHE.groups[(missing[0], settings.key)] = default
             return
         if method == "split":
             pg = dist.split_group(split_ranks=[list(r) for r in missing], **kwargs)
@@ -229,18 +250,18 @@ class _GroupMaker:
             if pg is not None:
                 CACHE.created.append(pg)
             for row in missing:
-                self._store(row, pg if self.rank in row else None, label)
+                self._store(row, settings, pg if self.rank in row else None, label)
             return
         for row in missing:  # every rank, same order: c10d names groups by a shared counter
-            pg = dist.new_group(list(row), backend=self.backend_arg, sort_ranks=False, **kwargs)
+            pg = dist.new_group(list(row), backend=settings.backend_arg, sort_ranks=False, **kwargs)
             if not isinstance(pg, dist.ProcessGroup):  # NON_GROUP_MEMBER on a rank outside the row
                 pg = None
             else:
                 CACHE.created.append(pg)
-            self._store(row, pg, label)
+            self._store(row, settings, pg, label)
 
-    def _store(self, row: tuple[int, ...], pg: Any, label: str) -> None:
-        CACHE.groups[(row, self.backend, self.options)] = pg
+    def _store(self, row: tuple[int, ...], settings: AxisSettings, pg: Any, label: str) -> None:
+        CACHE.groups[(row, settings.key)] = pg
         CACHE.made += 1
         if pg is not None and pg not in CACHE.labels:
             CACHE.labels[pg] = [label]

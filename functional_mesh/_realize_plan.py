@@ -15,12 +15,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ._errors import MeshError, requires
-from ._mesh import Mesh, select
+from ._mesh import Mesh, axis_position, select
 from ._validate import as_name_tuple
 
-__all__ = ["CHECK_TIMEOUT_ENV", "DEFAULT_CHECK_TIMEOUT_S", "InitPlan", "as_timeout", "axis_report",
-           "check_device_type", "check_timeout_seconds", "creation_method", "describe_request", "plan_init",
-           "product_axes", "realized_axes", "resolve_backend"]
+__all__ = ["CHECK_TIMEOUT_ENV", "DEFAULT_CHECK_TIMEOUT_S", "AxisSettings", "InitPlan", "as_backend", "as_timeout",
+           "axis_report", "check_device_type", "check_timeout_seconds", "creation_method", "describe_options",
+           "describe_request", "per_axis", "plan_init", "product_axes", "realized_axes", "resolve_backend"]
 
 CHECK_TIMEOUT_ENV = "FUNCTIONAL_MESH_CHECK_TIMEOUT"
 DEFAULT_CHECK_TIMEOUT_S = 60.0
@@ -74,8 +74,7 @@ def resolve_backend(default_backend: str, device_type: str | None, backend: str 
     natural backend of the device type (gloo for cpu under an NCCL default). Under torch's
     single-process ``fake`` backend every group is fake and ``new_group`` gets ``None``.
     """
-    if backend is not None and not isinstance(backend, str):
-        raise TypeError(requires("realize", "backend=None or a backend name (a str)", "backend", backend))
+    as_backend(backend)
     default_backend = default_backend.lower()
     if device_type is None:
         if default_backend == "nccl":
@@ -98,16 +97,23 @@ def resolve_backend(default_backend: str, device_type: str | None, backend: str 
     return device_type, backend.lower(), backend
 
 
+def as_backend(backend: object) -> str | None:
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(requires("realize", "backend=None or a backend name (a str)", "backend", backend))
+    return backend
+
+
 def creation_method(rows: Sequence[tuple[int, ...]], world_size: int, default_backend: str, backend: str,
-                    bound_device: bool) -> str:
+                    bound_device: bool, borrow: bool = True) -> str:
     """How one axis's missing groups are made: "none", "default", "split" or "new_group".
 
     - "none": a size-1 axis (every row one rank): nothing to communicate, so no group at all, on
       every backend. Nothing is created, so every rank's group counter stays where it was
       (torch >= 2.14 counts local groups too, docs/design.md "Size-1 axes"); torch APIs that want a group for
       such a dim are lent this rank's one-rank group on the fake backend (``RealizedMesh.group``).
-    - "default": the only group is the whole world in ascending order and the backend is the
-      default one: reuse the default group (no call).
+    - "default": the only group is the whole world in ascending order, the backend is the
+      default one and so are the other settings (``borrow``: no options, no timeout other than
+      the default group's): reuse the default group (no call).
     - "split": one ``split_group`` call for the axis (the default group is bound to a device and
       can split, the requested backend is the default's -- NCCL, or the fake backend that
       simulates it -- and every group is ascending; ``split_group`` always sorts members).
@@ -115,7 +121,7 @@ def creation_method(rows: Sequence[tuple[int, ...]], world_size: int, default_ba
     """
     if all(len(r) == 1 for r in rows):
         return "none"
-    if len(rows) == 1 and rows[0] == tuple(range(world_size)) and backend == default_backend.lower():
+    if len(rows) == 1 and rows[0] == tuple(range(world_size)) and backend == default_backend.lower() and borrow:
         return "default"
     ascending = all(all(a < b for a, b in zip(r, r[1:])) for r in rows)
     if default_backend.lower() in ("nccl", "fake") and backend == default_backend.lower() and bound_device and ascending:
@@ -163,6 +169,87 @@ def as_timeout(timeout: object) -> datetime.timedelta | None:
     raise MeshError(requires("realize", rule, "timeout", timeout))
 
 
+class AxisSettings(NamedTuple):
+    """The settings of one realized axis (or product): part of its cache key and of the check."""
+
+    backend: str  # the backend's name (the cache key): "gloo", "nccl", ...
+    backend_arg: str | None  # what new_group gets (None: the default group's backend)
+    timeout: datetime.timedelta | None  # None: torch's default for new groups
+    pg_options: Any  # the backend's options object, or None
+    options_text: str  # describe_options(pg_options): what is compared across ranks and keys the cache
+
+    @property
+    def key(self) -> tuple[str, float | None, str]:
+        return self.backend, self.timeout.total_seconds() if self.timeout else None, self.options_text
+
+    def describe(self) -> str:
+        timeout = f"{self.timeout.total_seconds():g} s" if self.timeout else "default"
+        return f"{self.backend}, timeout {timeout}, pg_options {self.options_text}"
+
+
+def per_axis(mesh: Mesh, keys: Sequence[str | tuple[str, ...]], value: object, what: str,
+             convert: Any) -> dict[Any, Any]:
+    """``value`` for each realized key: one value for all, or a mapping from an axis name or a
+    product tuple (one of ``products=``) to a value; a key left out gets ``convert(None)``."""
+    if not isinstance(value, Mapping):
+        one = convert(value)
+        return dict.fromkeys(keys, one)
+    products = [k for k in keys if isinstance(k, tuple)]
+    given: dict[Any, Any] = {}
+    for raw, v in value.items():
+        if isinstance(raw, str):
+            axis_position(mesh, raw, "realize")  # unknown axis: the error, with "did you mean"
+            key: Any = raw
+        else:
+            names = as_name_tuple("realize", raw, what)
+            key = names[0] if len(names) == 1 else names
+            if len(names) == 1:
+                axis_position(mesh, key, "realize")
+            elif names not in products:
+                raise MeshError(requires("realize", f"{what} keys that are axis names or products passed in "
+                                         "products=", what, names, tuple(mesh.axis_names) + tuple(products)),
+                                mesh=mesh)
+        if key in given:
+            raise MeshError(requires("realize", f"one {what} per axis", what, value) + f" (twice for {key!r})",
+                            mesh=mesh)
+        given[key] = convert(v)
+    default = convert(None)
+    return {k: given.get(k, default) for k in keys}
+
+
+def describe_options(options: object) -> str:
+    """What ranks compare (and the cache keys) for a ``pg_options`` object: its type and public fields.
+
+    Options objects (``ProcessGroupNCCL.Options``, ...) do not compare by value and cannot be
+    sent between ranks, so their type name and their public, plain-valued attributes stand for
+    them (one level deep for a nested config object such as NCCL's ``config``); methods and
+    private attributes are left out.
+    """
+    if options is None:
+        return "None"
+    return _fields(options, depth=1)
+
+
+def _fields(obj: object, depth: int) -> str:
+    parts = []
+    for name in sorted(dir(obj)):
+        if name.startswith("_"):
+            continue
+        try:
+            value = getattr(obj, name)
+        except Exception:  # a property that raises is not a field we can compare
+            continue
+        if callable(value):
+            continue
+        if value is None or isinstance(value, (bool, int, float, str, datetime.timedelta)):
+            parts.append(f"{name}={value!r}")
+        elif isinstance(value, (tuple, list)) and all(isinstance(v, (bool, int, float, str)) for v in value):
+            parts.append(f"{name}={list(value)!r}")
+        elif depth > 0:
+            parts.append(f"{name}={_fields(value, depth - 1)}")
+    return f"{type(obj).__qualname__}({', '.join(parts)})"
+
+
 def axis_report(mesh: Mesh, families: Sequence[tuple[Any, Mesh, int]], ranks_per_host: str | None) -> list[str]:
     """The log lines of one realize call: per axis (or product), size, groups, new groups, host span.
 
@@ -204,12 +291,18 @@ def realized_axes(mesh: Mesh, axes: Iterable[str] | None) -> tuple[str, ...]:
     return tuple(n for n in mesh.axis_names if n in names)
 
 
-def describe_request(mesh: Mesh, device_type: str, backend: str, options: tuple, products: tuple,
+def describe_request(mesh: Mesh, device_type: str, settings: Mapping[Any, AxisSettings], products: tuple,
                      axes: tuple[str, ...] | None = None) -> str:
     """The text every rank compares before a realize call (the divergence check)."""
     layouts = ",".join(f"{n}={mesh.axis_layout(n)}" for n in mesh.axis_names)
+    described = {s.describe() for s in settings.values()}
+    if len(described) == 1:  # one setting for every axis: said once
+        setting = f"settings=({described.pop()})"
+    else:
+        setting = "settings=(" + "; ".join(f"{k if isinstance(k, str) else '×'.join(k)}: {s.describe()}"
+                                           for k, s in settings.items()) + ")"
     text = (f"{mesh!r} [{layouts}; devices {mesh.device_list.digest()}] device_type={device_type} "
-            f"backend={backend} options={options} products={products}")
+            f"{setting} products={products}")
     if axes is not None and axes != mesh.axis_names:
         text += f" axes={axes}"
     return text

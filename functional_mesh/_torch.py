@@ -20,6 +20,9 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
   size-1 axes (:func:`one_rank_group`) without advancing torch's group counter; the fake backend
   is registered by importing ``torch.testing._internal.distributed.fake_pg`` (torch's own FSDP
   module imports it too); ``ProcessGroup._get_backend(device).supports_splitting``;
+- ``ProcessGroup._get_backend(device).options._timeout`` (:func:`group_timeout`), the NCCL
+  backend's ``_group_start``/``_group_end`` (feature-detected) and
+  ``distributed_c10d._cleanup_process_group_global_state`` (:func:`abort_groups`);
 - ``torch._ops.OpOverload``/``OpOverloadPacket`` (``namespace``, ``name()``, ``_qualified_op_name``),
   to tell custom ops from aten ops;
 - ``torch.utils._pytree`` (re-exported here as ``pytree``) for argument trees;
@@ -50,10 +53,11 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ._errors import MeshError, requires
 
-__all__ = ["PlacementPlan", "all_gather", "all_reduce", "all_to_all", "can_split", "default_group", "default_store",
-           "device_mesh_from_groups", "from_placements", "global_rank", "group_members", "group_name", "mesh_parts",
-           "one_rank_group", "op_overload_name", "pytree", "reduce_scatter", "register_flattened", "set_group_desc",
-           "to_placements", "torch_function_mode_active", "trace_time_error"]
+__all__ = ["PlacementPlan", "abort_groups", "all_gather", "all_reduce", "all_to_all", "can_split", "default_group",
+           "default_store", "device_mesh_from_groups", "from_placements", "global_rank", "group_members",
+           "group_name", "group_timeout", "mesh_parts", "one_rank_group", "op_overload_name", "pytree",
+           "reduce_scatter", "register_flattened", "set_group_desc", "to_placements", "torch_function_mode_active",
+           "trace_time_error"]
 
 # Per mesh axis: None (replicated) or (tensor dim, split factor): a factor of None is Shard(dim),
 # an int is _StridedShard(dim, split_factor=factor). Built by functional_mesh._sharding.placement_plan.
@@ -157,6 +161,66 @@ def one_rank_group(name: str, desc: str) -> Any:
                                           timeout=dist.constants.default_pg_timeout, group_desc=desc)
     c10d._world.pg_group_ranks[pg] = {rank: 0}  # what new_group records after the helper
     return pg
+
+
+def group_timeout(pg: Any, device_type: str) -> Any:
+    """The timeout of ``pg``'s backend for ``device_type`` (a timedelta), or ``None`` when torch does not say.
+
+    Private: ``ProcessGroup._get_backend(device).options._timeout`` (gloo and NCCL backends).
+    """
+    try:
+        return pg._get_backend(torch.device(device_type)).options._timeout
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def abort_groups(groups: Sequence[Any]) -> None:
+    """Abort ``groups`` on this rank and forget them in torch's registries; no collective call.
+
+    ``ProcessGroup.abort()`` on each (it returns at once on gloo and NCCL). When NCCL groups are
+    among them the aborts go inside one ``ncclGroupStart``/``ncclGroupEnd`` (the NCCL backend's
+    private ``_group_start``/``_group_end``, found by feature detection), as torch's
+    ``_abort_process_group()`` and torch 2.15's ``DeviceMesh.abort()`` do: aborting NCCL
+    communicators one at a time can deadlock. Then each group leaves c10d's registries through
+    ``distributed_c10d._cleanup_process_group_global_state`` (private; torch 2.13 on), so its name
+    no longer resolves; ``destroy_process_group`` is not used (it may wait on a dead peer).
+    A group whose abort raises (a backend without abort, e.g. torch's fake backend) is still forgotten.
+    """
+    nccl = _coalescing_backend(groups)
+    if nccl is not None:
+        nccl._group_start()
+    try:
+        for pg in groups:
+            try:
+                pg.abort()
+            except RuntimeError:  # no abort for this backend: forgetting it below is all we can do
+                pass
+    finally:
+        if nccl is not None:
+            nccl._group_end()
+    cleanup = getattr(dist.distributed_c10d, "_cleanup_process_group_global_state", None)
+    for pg in groups:
+        if cleanup is not None:
+            cleanup(pg)
+        else:  # pragma: no cover - torch without the helper: drop what new_group registered
+            world = dist.distributed_c10d._world
+            for registry in (world.pg_map, world.pg_names, world.pg_group_ranks, world.pg_backend_config):
+                registry.pop(pg, None)
+
+
+def _coalescing_backend(groups: Sequence[Any]) -> Any:
+    """The NCCL backend of one of ``groups`` that can bracket aborts (``_group_start``), or ``None``."""
+    nccl_type = getattr(dist, "ProcessGroupNCCL", None)
+    if nccl_type is None or not torch.cuda.is_available():
+        return None
+    for pg in groups:
+        try:
+            backend = pg._get_backend(torch.device("cuda"))
+        except RuntimeError:
+            continue
+        if isinstance(backend, nccl_type) and hasattr(backend, "_group_start"):
+            return backend
+    return None
 
 
 def op_overload_name(func: Any) -> tuple[str, str] | None:

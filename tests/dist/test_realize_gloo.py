@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 import functional_mesh as fm
 from functional_mesh import Mesh, make_mesh
+from tests.dist._pool import GROUP_TIMEOUT_S as DEFAULT_GROUP_TIMEOUT_S
 from tests.dist._pool import pool_fixture
 from tests.dist._settings import CHECK_S, GROUP_TIMEOUT
 
@@ -35,7 +36,8 @@ w4 = pool_fixture(4)
 
 
 def realize(mesh: Mesh, **kwargs):
-    kwargs.setdefault("timeout", GROUP_TIMEOUT)
+    # the default group's timeout: a whole-world axis with equal settings borrows the default group
+    kwargs.setdefault("timeout", DEFAULT_GROUP_TIMEOUT_S)
     kwargs.setdefault("check", CHECK_S)
     return fm.realize(mesh, **kwargs)
 
@@ -361,17 +363,23 @@ def default_group_reuse() -> dict:
     fm.clear_cache()
     before = c10d_counts()
     rm = realize(make_mesh((8,), ("w",)))
-    rm2 = realize(make_mesh((2, 4), ("dp", "tp")).flatten())
+    rm2 = realize(make_mesh((2, 4), ("dp", "tp")).flatten(), timeout=None)
     after = c10d_counts()
     default = dist.distributed_c10d._get_default_group()
+    groups = fm.cache_info().groups
+    # other settings: a group of its own, with its own timeout (was: the default group, whatever the timeout)
+    own = realize(make_mesh((8,), ("w",)), timeout={"w": 5}).group("w")
     return {"world": rm.group("w") is dist.group.WORLD, "default": rm.group("w") is default,
             "flat": rm2.group("dp_tp") is default, "created": (after[0] - before[0], after[1] - before[1]),
-            "groups": fm.cache_info().groups}
+            "groups": groups,
+            "own": (own is not default, dist.get_process_group_ranks(own), own._get_backend(torch.device("cpu"))
+                    .options._timeout.total_seconds())}
 
 
 def test_a_whole_world_ascending_axis_reuses_the_default_group(w8):
     for res in w8.run(default_group_reuse):
-        assert res == {"world": True, "default": True, "flat": True, "created": (0, 0), "groups": 0}
+        assert res == {"world": True, "default": True, "flat": True, "created": (0, 0), "groups": 0,
+                       "own": (True, list(range(8)), 5.0)}
 
 
 # -- 4: non-members and sub-worlds -------------------------------------------------------------------
@@ -499,7 +507,7 @@ def test_clear_cache_destroys_exactly_realize_groups_and_stale_meshes_raise(w8):
 
 # -- 7: divergence (world 4) --------------------------------------------------------------------------
 #
-# The check keys the store by a per-process call number (realize.py: ``_CACHE.calls``), bumped
+# The check keys the store by a per-process call number (``_agree._next_call("realize")``), bumped
 # by every realize call that passes argument validation. A rank that skips a call therefore
 # lags one number behind the others from then on, and would compare its next request with
 # the others' *previous* one. Each test below leaves every rank with the same number of calls:
@@ -559,8 +567,17 @@ def test_equal_meshes_reached_by_different_paths_pass_the_check(w4):
 
 def test_the_check_compares_options_too(w4):
     outs = w4.outcomes(realize_variant, {}, DIVERGE, 3, {1: {"timeout": 7}})
-    pattern = (r"differs across ranks: ranks \[0, 2, 3\] asked for .*options=\(20\.0,\).*; "
-               r"ranks \[1\] asked for .*options=\(7\.0,\)")
+    pattern = (r"differs across ranks: ranks \[0, 2, 3\] asked for .*settings=\(gloo, timeout 20 s, pg_options "
+               r"None\).*; ranks \[1\] asked for .*settings=\(gloo, timeout 7 s, pg_options None\)")
+    check_outcomes(outs, raised={r: ("MeshError", pattern) for r in range(4)})
+    assert_in_step(w4)
+
+
+def test_the_check_compares_per_axis_settings(w4):
+    outs = w4.outcomes(realize_variant, {}, DIVERGE, 3, {2: {"timeout": {"dp": 20, "tp": 7}}})
+    pattern = (r"differs across ranks: ranks \[0, 1, 3\] asked for .*settings=\(gloo, timeout 20 s, pg_options "
+               r"None\).*; ranks \[2\] asked for .*settings=\(dp: gloo, timeout 20 s, pg_options None; "
+               r"tp: gloo, timeout 7 s, pg_options None\)")
     check_outcomes(outs, raised={r: ("MeshError", pattern) for r in range(4)})
     assert_in_step(w4)
 

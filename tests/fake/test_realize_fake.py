@@ -581,3 +581,95 @@ def test_realize_and_the_collective_check_number_their_calls_with_one_counter():
 
     assert not hasattr(_cache.CACHE, "calls")
     assert _realize._next_call is _agree._next_call
+
+
+# -- per-axis settings and abort -----------------------------------------------------------------
+
+
+def test_per_axis_settings_are_part_of_the_cache_key(world):
+    calls = world(5, 8)
+    mesh = fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))
+    plain = fm.realize(mesh, products=[("dp", "tp")])
+    made = calls["new_group"]
+    tuned = fm.realize(mesh, timeout={"tp": 3}, products=[("dp", "tp")])
+    assert tuned.group("dp") is plain.group("dp")  # left out of the mapping: the default, shared
+    assert tuned.group(("dp", "tp")) is plain.group(("dp", "tp"))  # a product is a key of its own
+    assert tuned.group("tp") is not plain.group("tp")  # same ranks, another timeout: another group
+    assert dist.get_process_group_ranks(tuned.group("tp")) == dist.get_process_group_ranks(plain.group("tp"))
+    assert calls["new_group"] == made + len(rows(mesh, "tp"))  # tp's rows again, nothing else
+    assert fm.realize(mesh, timeout={"tp": 3.0}).group("tp") is tuned.group("tp")  # equal settings: a hit
+    both = fm.realize(mesh, timeout={("dp", "tp"): 3}, products=[("dp", "tp")])
+    assert both.group(("dp", "tp")) is not plain.group(("dp", "tp")) and both.group("tp") is plain.group("tp")
+    every = fm.realize(mesh, timeout=3)  # one value: every axis's
+    assert every.group("tp") is tuned.group("tp") and every.group("dp") is not plain.group("dp")
+    # an options object is compared by its type and public fields, not by identity
+    from torch._C._distributed_c10d import FakeProcessGroup
+
+    a, b = FakeProcessGroup.Options(), FakeProcessGroup.Options()
+    assert fm.realize(mesh, pg_options={"dp": a}).group("dp") is fm.realize(mesh, pg_options={"dp": b}).group("dp")
+    assert fm.realize(mesh, pg_options={"dp": a}).group("dp") is not plain.group("dp")
+    b.fake_option = 1  # another field value: another group
+    assert fm.realize(mesh, pg_options={"dp": b}).group("dp") is not fm.realize(mesh, pg_options={"dp": a}).group("dp")
+
+
+def test_a_whole_world_axis_borrows_the_default_group_only_with_its_settings(world):
+    world(1, 8)
+    whole = fm.make_mesh((8,), ("w",))
+    assert fm.realize(whole).group("w") is dist.group.WORLD  # (equal timeouts borrow too: on gloo, tests/dist)
+    own = fm.realize(whole, timeout={"w": 5}).group("w")
+    assert own is not dist.group.WORLD and dist.get_process_group_ranks(own) == list(range(8))
+    from torch._C._distributed_c10d import FakeProcessGroup
+
+    assert fm.realize(whole, pg_options=FakeProcessGroup.Options()).group("w") is not dist.group.WORLD
+
+
+@pytest.mark.parametrize(("kwargs", "error", "pattern"), [
+    ({"timeout": {"tq": 3}}, fm.UnknownAxisError, r"`realize` requires an axis name of the mesh, but got axis='tq'"),
+    ({"timeout": {("dp", "tp"): 3}}, fm.MeshError,
+     r"`realize` requires timeout keys that are axis names or products passed in products=, but got "
+     r"timeout=\('dp', 'tp'\); valid: \('dp', 'tp'\)"),
+    ({"backend": {"tp": "gloo", ("tp",): "gloo"}}, fm.MeshError, r"`realize` requires one backend per axis"),
+    ({"timeout": {"tp": -1}}, fm.MeshError, r"`realize` requires timeout=None, a positive timedelta .* got timeout=-1"),
+    ({"backend": {"tp": 3}}, TypeError, r"`realize` requires backend=None or a backend name \(a str\), but got backend=3"),
+])
+def test_per_axis_settings_name_bad_keys_and_values(world, kwargs, error, pattern):
+    world(0, 8)
+    with pytest.raises(error, match=pattern):
+        fm.realize(fm.make_mesh((2, 4), ("dp", "tp")), **kwargs)
+
+
+def test_abort_empties_the_cache_and_stale_handles_raise_until_realize_runs_again(world):
+    calls = world(6, 8)
+    c10d = dist.distributed_c10d._world
+    live = (len(c10d.pg_map), len(c10d.pg_names))
+    mesh = fm.make_mesh((2, 1, 4), ("dp", "one", "tp"))
+    rm = fm.realize(mesh, products=[("dp", "tp")])
+    sel = rm["tp"]
+    old_tp = rm.group("tp")
+    rm["tp"].abort()  # any handle: abort is per cache
+    assert fm.cache_info() == fm.CacheInfo(0, 0, 0)
+    assert (len(c10d.pg_map), len(c10d.pg_names)) == live  # torch forgot every group realize made
+    assert old_tp not in c10d.pg_map
+    for use in (lambda: rm.group("tp"), lambda: sel.group("tp"), lambda: rm.device_mesh, lambda: rm["dp"],
+                lambda: fm.psum(torch.ones(1), "tp", mesh=sel)):
+        with pytest.raises(fm.MeshError, match=r"whose groups abort\(\) aborted; call realize\(mesh\) again \(after "
+                                               r"re-forming the default group if a peer died\)"):
+            use()
+    made = calls["new_group"]
+    again = fm.realize(mesh, products=[("dp", "tp")])  # fresh groups
+    assert calls["new_group"] == 2 * made and again.group("tp") is not old_tp
+    assert dist.get_process_group_ranks(again.group("tp")) == mesh["tp"].group_of(6).tolist()
+    fm.abort()
+    fm.abort()  # nothing left: nothing to do
+    with pytest.raises(TypeError, match=r"`abort` requires rm=None or a RealizedMesh, but got rm=Mesh"):
+        fm.abort(mesh)
+    assert fm.abort is fm.RealizedMesh.abort.__globals__["abort"] and "abort" in fm.__all__
+
+
+def test_abort_restarts_the_numbering_of_checked_calls():
+    # a re-formed job may mix survivors (at call #n) and fresh processes (at #1): numbering restarts
+    from functional_mesh import _agree
+
+    _agree._next_call("realize")
+    fm.abort()
+    assert _agree._next_call("realize") == 1

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from functional_mesh import MeshError
+from functional_mesh import MeshError, make_mesh
 from functional_mesh._agree import _compare
 from functional_mesh._realize_plan import (
     CHECK_TIMEOUT_ENV,
     InitPlan,
     check_timeout_seconds,
     creation_method,
+    describe_options,
+    per_axis,
     plan_init,
     resolve_backend,
 )
@@ -131,3 +133,42 @@ def test_compare_names_the_ranks_that_differ():
         "realize call #7 differs across ranks: ranks [0, 1, 3] asked for Mesh(dp=2); ranks [2] asked for Mesh(tp=2)"
     )
     assert _compare("realize call #7", {0: "a x", 1: "a x"}) == ""
+
+
+def test_a_whole_world_axis_borrows_the_default_group_only_with_its_settings():
+    world = [tuple(range(8))]
+    assert creation_method(world, 8, "gloo", "gloo", False) == "default"
+    assert creation_method(world, 8, "gloo", "gloo", False, borrow=False) == "new_group"
+    assert creation_method(world, 8, "nccl", "nccl", True, borrow=False) == "split"
+
+
+class _Config:
+    def __init__(self, ctas: int) -> None:
+        self.max_ctas, self.net_name = ctas, "IB"
+
+
+class _Options:
+    """Stands for a backend's options object (no value equality, a nested config)."""
+
+    def __init__(self, ctas: int = 4, high: bool = False) -> None:
+        self.is_high_priority_stream, self.config, self._private = high, _Config(ctas), object()
+
+    def method(self) -> None:  # pragma: no cover - never called
+        pass
+
+
+def test_options_are_compared_by_type_and_public_fields():
+    assert describe_options(None) == "None"
+    text = describe_options(_Options())
+    assert text == "_Options(config=_Config(max_ctas=4, net_name='IB'), is_high_priority_stream=False)"
+    assert describe_options(_Options()) == text  # equal fields, equal text: one group, one digest
+    assert describe_options(_Options(ctas=8)) != text and describe_options(_Options(high=True)) != text
+
+
+def test_per_axis_takes_one_value_or_a_mapping_with_defaults():
+    mesh = make_mesh((2, 2, 2), ("dp", "cp", "tp"))
+    keys = ["dp", "cp", "tp", ("dp", "cp")]
+    assert per_axis(mesh, keys, 3, "timeout", lambda v: v) == {k: 3 for k in keys}
+    got = per_axis(mesh, keys, {"tp": 3, ("dp", "cp"): 5}, "timeout", lambda v: v)
+    assert got == {"dp": None, "cp": None, "tp": 3, ("dp", "cp"): 5}
+    assert per_axis(mesh, keys, {("cp",): 1}, "timeout", lambda v: v)["cp"] == 1  # a 1-tuple is the axis
