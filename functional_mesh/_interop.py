@@ -61,9 +61,9 @@ def distribute(tensor: torch.Tensor, sharding: NamedSharding, *, mesh: Any = Non
                               shape=tensor.shape, stride=tensor.stride())
 
 
-class _Plan(NamedTuple):
-    """What ``distribute`` or ``reshard`` needs of the meshes: a function of them alone, so a constant
-    of a compiled graph."""
+class _DTensorPlan(NamedTuple):
+    """What ``distribute`` (a DTensor from a full tensor) or ``reshard`` (a DTensor redistributed) needs of
+    the meshes: a function of them alone, so a constant of a compiled graph."""
 
     problem: str  # the error message, or "" when the call is valid
     placements: tuple[Any, ...] = ()  # the sharding's DTensor placements
@@ -83,19 +83,19 @@ class _Plan(NamedTuple):
 # dynamo's record while it traces, and its entries are constants either way (a Mesh made there is
 # refused with a message, not an internal error of dynamo's).
 @torch.compiler.assume_constant_result
-def _distribute_plan(rm: Any, mesh: Mesh, entries: tuple[Any, ...]) -> _Plan:
+def _distribute_plan(rm: Any, mesh: Mesh, entries: tuple[Any, ...]) -> _DTensorPlan:
     if _built_while_tracing(mesh):
-        return _Plan(_BUILT_WHILE_TRACING.format(api="distribute"))
+        return _DTensorPlan(_BUILT_WHILE_TRACING.format(api="distribute"))
     if mesh != rm.mesh:
-        return _Plan(requires("distribute", "the sharding's mesh to be the realized mesh", "sharding.mesh", mesh,
+        return _DTensorPlan(requires("distribute", "the sharding's mesh to be the realized mesh", "sharding.mesh", mesh,
                               rm.mesh))
     spec = PartitionSpec(*entries)
     if rm.coordinate is None:
-        return _Plan("", spec=str(spec), rank=len(spec))
+        return _DTensorPlan("", spec=str(spec), rank=len(spec))
     rm.device_mesh  # noqa: B018 - built now (it is made on first use), outside any trace
     index = dict(zip(rm.axis_names, rm.coordinate, strict=True))
     splits = tuple(tuple((rm.axis_size(a), index[a]) for a in spec.axes_of(d)) for d in range(len(spec)))
-    return _Plan("", NamedSharding(mesh, spec).placements, splits, str(spec), len(spec))
+    return _DTensorPlan("", NamedSharding(mesh, spec).placements, splits, str(spec), len(spec))
 
 
 _BUILT_WHILE_TRACING = ("`{api}` requires, under torch.compile, a sharding whose Mesh was made outside the compiled "
@@ -139,11 +139,11 @@ def reshard(dtensor: DTensor, sharding: NamedSharding) -> DTensor:
 
 
 @torch.compiler.assume_constant_result
-def _reshard_plan(dm: Any, mesh: Mesh, entries: tuple[Any, ...], rank: int) -> _Plan:
+def _reshard_plan(dm: Any, mesh: Mesh, entries: tuple[Any, ...], rank: int) -> _DTensorPlan:
     if _built_while_tracing(mesh):
-        return _Plan(_BUILT_WHILE_TRACING.format(api="reshard"))
+        return _DTensorPlan(_BUILT_WHILE_TRACING.format(api="reshard"))
     submesh = mesh.group_of(rank)
     if tuple(dm.mesh_dim_names or ()) != mesh.axis_names or submesh is None or dm.mesh.tolist() != submesh.tolist():
-        return _Plan(requires("reshard", "a sharding on the mesh the DTensor lives on", "sharding.mesh", mesh,
+        return _DTensorPlan(requires("reshard", "a sharding on the mesh the DTensor lives on", "sharding.mesh", mesh,
                               f"the DTensor's mesh {from_device_mesh(dm)!r}"))
-    return _Plan("", NamedSharding(mesh, PartitionSpec(*entries)).placements)
+    return _DTensorPlan("", NamedSharding(mesh, PartitionSpec(*entries)).placements)

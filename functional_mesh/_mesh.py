@@ -28,6 +28,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,8 @@ from ._devices import DeviceList
 from ._errors import MeshError, UnknownAxisError, requires, unknown_axis
 from ._validate import Frozen, as_int, as_int_array, as_name_tuple, check_unique
 
-__all__ = ["Mesh", "MeshShape", "axis_layouts", "axis_position", "family_modes", "make_mesh", "select"]
+__all__ = ["Mesh", "MeshShape", "axes_size", "axis_layouts", "axis_position", "family_modes", "make_mesh",
+           "select"]
 
 
 class MeshShape(Frozen, Mapping[str, int]):
@@ -234,7 +236,7 @@ class Mesh(Frozen):
     @property
     def size(self) -> int:
         """Number of devices in one group: the product of the axis sizes."""
-        return _Size(math.prod(self.axis_sizes))
+        return _Size(axes_size(self, self._axis_names))
 
     @property
     def num_groups(self) -> int:
@@ -493,6 +495,18 @@ def select(mesh: Mesh, names: object, api: str) -> Mesh:
     pos = mesh._positions(api, names)
     return mesh._derive(api, tuple(mesh._axis_names[i] for i in pos), tuple(mesh._layouts[i] for i in pos),
                         len(pos) == mesh.ndim)
+
+
+def axes_size(mesh: Any, axes: Iterable[str]) -> int:
+    """The size of the product of ``axes``: the product of their sizes (1 for no axes).
+
+    ``mesh`` is anything with ``axis_size(name)``: a ``Mesh``, or a ``RealizedMesh`` (whose lookup is a
+    dict). The one place a product of axis sizes is computed; a plain loop, so torch.compile traces it.
+    """
+    size = 1
+    for name in axes:
+        size *= mesh.axis_size(name)
+    return size
 
 
 def axis_layouts(mesh: Mesh) -> tuple[L.Layout, ...]:

@@ -23,14 +23,13 @@ Examples:
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from ._errors import MeshError, requires
-from ._mesh import Mesh, axis_position
+from ._mesh import Mesh, axes_size, axis_position
 from ._validate import Frozen, as_int
 
 __all__ = ["P", "NamedSharding", "PartitionSpec", "chunk_block", "global_shape_of", "placement_plan", "spec_from_plan"]
@@ -161,12 +160,8 @@ class NamedSharding:
     def shard_shape(self, global_shape: Sequence[int]) -> tuple[int, ...]:
         """The shape of the largest shard (the first one along every split)."""
         shape = global_shape_of(self, "NamedSharding.shard_shape", global_shape)
-        out = []
-        for d, n in enumerate(shape):
-            for name in self.spec.axes_of(d):
-                n = -(-n // self.mesh.axis_size(name))
-            out.append(n)
-        return tuple(out)
+        # the first block of torch.chunk's nested splits: ceil(ceil(n / a) / b) == ceil(n / (a * b))
+        return tuple(-(-n // axes_size(self.mesh, self.spec.axes_of(d))) for d, n in enumerate(shape))
 
     def local_slices(self, global_shape: Sequence[int], rank: int) -> tuple[slice, ...] | None:
         """``rank``'s part of the global tensor, one slice per dim (``None`` if not a device)."""
@@ -251,7 +246,7 @@ def placement_plan(sharding: NamedSharding) -> tuple[tuple[int, int | None] | No
         axes = spec.axes_of(d)
         for j, name in enumerate(axes):
             later_outer = [a for a in axes[:j] if order[a] > order[name]]
-            plan[order[name]] = (d, math.prod([mesh.axis_size(a) for a in later_outer]) if later_outer else None)
+            plan[order[name]] = (d, axes_size(mesh, later_outer) if later_outer else None)
     return tuple(plan)
 
 

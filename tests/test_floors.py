@@ -227,3 +227,31 @@ def test_the_integration_import_check_can_fail(tmp_path):
 
 def test_nothing_in_the_package_imports_its_integrations():
     assert [(a, line) for a, b, _, line in imports() if b == "integrations"] == []
+
+
+# -- one piece for one meaning ---------------------------------------------------------------------
+
+# A product of axis sizes written by hand (a loop multiplying sizes, or math.prod over axis_size calls)
+# instead of _mesh.axes_size. Modules still to switch, each listed until it does (the test fails when
+# one is listed but clean, so the list cannot go stale).
+HAND_PRODUCT = re.compile(r"\*=\s*[\w.]*(axis_size\(|sizes\[)|prod\(\[?[^)\n]*axis_size\(")
+PRODUCT_PENDING = {"_collectives", "_handle", "_shard_map"}
+
+
+def test_products_of_axis_sizes_use_the_one_helper():
+    found = {p.stem: len(HAND_PRODUCT.findall(p.read_text())) for p in PACKAGE.glob("*.py")}
+    assert found.pop("_mesh") == 1  # the helper's own loop
+    found = {m for m, n in found.items() if n}
+    assert found == PRODUCT_PENDING, f"hand-written products of axis sizes: {sorted(found)}; use _mesh.axes_size"
+    assert HAND_PRODUCT.search("        size *= rm.axis_size(a)") and HAND_PRODUCT.search("size *= sizes[a]")
+    assert HAND_PRODUCT.search("math.prod([mesh.axis_size(a) for a in later_outer])")
+
+
+def test_no_two_modules_define_a_class_of_the_same_name():
+    """Two unrelated classes of one name (two ``_Plan``s) read as one; name each for what it is."""
+    defined: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                defined.setdefault(node.name, []).append(path.stem)
+    assert {n: m for n, m in defined.items() if len(m) > 1} == {}

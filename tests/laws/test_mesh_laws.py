@@ -120,3 +120,17 @@ def test_derived_mesh_equals_its_fresh_construction(mesh):
     for rank in mesh.devices.tolist()[:: max(1, mesh.num_devices // 7)]:
         assert fresh.coordinate(rank) == mesh.coordinate(rank)
         assert np.array_equal(fresh.group_of(rank), mesh.group_of(rank))
+
+
+@given(derived_meshes(max_size=32), st.data())
+def test_axes_size_is_the_size_of_the_selection_and_of_its_flattened_axis(mesh, data):
+    """The one product of axis sizes (_mesh.axes_size): 1 for no axes; for axes in any order, the
+    size of their selection and of the one axis they flatten to."""
+    from functional_mesh._mesh import axes_size
+
+    axes = tuple(data.draw(st.permutations(mesh.axis_names)))[:data.draw(st.integers(0, mesh.ndim))]
+    if not axes:
+        assert axes_size(mesh, axes) == 1
+        return
+    assert axes_size(mesh, axes) == mesh[axes].size == mesh[axes].flatten(name="m").axis_size("m")
+    assert axes_size(mesh, mesh.axis_names) == mesh.size
