@@ -47,6 +47,7 @@ _LAZY: dict[str, str] = {
     "psum_scatter": "_collectives",
     "all_to_all": "_collectives",
     "ppermute": "_collectives",
+    "ragged_all_to_all": "_collectives",
     "axis_index": "_collectives",
     "axis_size": "_collectives",
 }

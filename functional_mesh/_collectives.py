@@ -1,127 +1,276 @@
-"""Collectives by axis name over a realized mesh, with JAX's autograd rules.
+"""Collectives by axis name: one table of records, each holding everything about one collective.
 
-Tensors in, new tensors out. ``axis`` is one axis name or a tuple of names (their product,
-first name major). Chunk order is mesh order: realize creates every group with its members in
-mesh order, so group rank ``i`` is coordinate ``i`` along the axis.
+As JAX keeps each primitive's rules beside its implementation (``jax/_src/lax/parallel.py``),
+each collective here is one :class:`Collective` record: its parameters and how they are checked,
+its type rule for a typed ``shard_map`` region, its untyped-region convention, and its
+communication (forward steps with their backward steps). The public functions are thin and
+uniform: each passes its arguments to :func:`_dispatch`, which sends the call to the open region
+(if any) or runs the record. The region (``_shard_map``) handles every collective through its
+record and never names one. Adding a collective is one record, its public function, tests, docs.
 
-Autograd (our own functions, the same on every supported torch), with replicated cotangents
-as in Megatron: ``psum`` backward is the identity ("g"), ``pvary`` is the identity forward
-and ``psum`` backward ("f"), ``pmean`` is ``psum / n``, ``all_gather`` and ``psum_scatter`` are
-each other's transposes, ``all_to_all`` backward is the inverse all-to-all and ``ppermute``
-backward is the inverse permutation.
+Semantics. Tensors in, new tensors out. ``axis`` is one axis name or a tuple of names (their
+product, first name major). Chunk order is mesh order: realize creates every group with its
+members in mesh order, so group rank ``i`` is coordinate ``i`` along the axis. Autograd (the same
+on every supported torch), with replicated cotangents as in Megatron: ``psum`` backward is the
+identity, ``pvary`` is the identity forward and ``psum`` backward, ``pmean`` is ``psum / n``,
+``all_gather`` and ``psum_scatter`` are each other's transposes, ``all_to_all`` and
+``ragged_all_to_all`` go back by the inverse exchange and ``ppermute`` by the inverse permutation.
 
-A tuple of axes uses the product group when the cache holds it (``realize(mesh,
+Groups. A tuple of axes uses the product group when the cache holds it (``realize(mesh,
 products=[axes])``); otherwise ``psum``/``pvary`` go axis by axis, ``all_gather`` innermost axis
-first, ``psum_scatter`` outermost first, ``ppermute`` point to point. ``all_to_all`` over a tuple
-needs the product group. A collective never creates a group.
+first, ``psum_scatter`` outermost first, ``ppermute`` point to point; ``all_to_all`` composes one
+exchange per axis; ``ragged_all_to_all`` needs the product group. A collective never creates a
+group. A size-1 axis has no group and costs no communication: it is left out of a tuple's plan,
+and a collective over size-1 axes only is one local step (a copy; zeros for a ``ppermute`` that
+sends nothing) with the same values and gradients.
 
-A size-1 axis has no group (realize makes none) and costs no communication: it is left out of a
-tuple's plan (it changes no index), and a collective over size-1 axes only is one local step
-(a copy; zeros for a ``ppermute`` that sends nothing), with the same values and gradients.
+Cost. Resolving ``axis`` on a handle (names, sizes, groups, this rank's index) is validated once
+and kept on the handle (``RealizedMesh._memo``); a call then costs a dict lookup. Eagerly each
+step is the plain c10d call into a new buffer, and an autograd node is made only when a gradient
+will flow back through communication; under ``torch.compile`` every step is torch's functional
+collective by group name inside one ``autograd.Function`` of constants, which traces whole.
 
 Debug mode (off by default): with ``FUNCTIONAL_MESH_CHECK_COLLECTIVES=1`` in the environment (read
 at every call), each communication first compares, among the members of the group it is about to
-use, what every member asks for (operation, axes, mesh, tensor shape and dtype), through the
-default store with realize's bounded wait (``$FUNCTIONAL_MESH_CHECK_TIMEOUT``, default 60 s), and
-raises ``MeshError`` on every member that got there when they differ or one does not arrive.
-``=mesh`` compares among every device of the mesh instead: it also catches a rank whose program
-uses another axis than the rest of the mesh, but needs every rank of the mesh to make the same
-sequence of collectives (SPMD). Off, the cost is one environment lookup per call.
+use, what every member asks for (operation, axes, parameters, mesh, tensor shape and dtype),
+through the default store with realize's bounded wait (``$FUNCTIONAL_MESH_CHECK_TIMEOUT``, default
+60 s), and raises ``MeshError`` on every member that got there when they differ or one does not
+arrive. ``=mesh`` compares among every device of the mesh instead: it also catches a rank whose
+program uses another axis than the rest of the mesh, but needs every rank of the mesh to make the
+same sequence of collectives (SPMD). Off, the cost is one environment lookup per call.
 """
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 from torch.overrides import handle_torch_function, has_torch_function
 
-from . import _torch
+from . import _torch, _vma
 from ._agree import _agree, _next_call
+from ._cache import CACHE
 from ._errors import MeshError, requires
 from ._handle import Hop, RealizedMesh, hop_of, index_along, resolve_mesh
 from ._mesh import axis_position
 from ._realize_plan import check_timeout_seconds
 from ._validate import as_bool, as_dim, as_int, as_name_tuple, check_unique
 
-__all__ = ["all_gather", "all_to_all", "as_gather_target", "axis_index", "axis_size", "Call",
-           "CHECK_COLLECTIVES_ENV", "check_pcast_target", "local_block", "NO_TENSOR", "pcast", "pmean", "ppermute", "psum",
-           "psum_scatter", "pvary", "resolve_call"]
+__all__ = ["CHECK_COLLECTIVES_ENV", "COLLECTIVES", "RAW", "Axes", "Call", "Collective", "all_gather", "all_to_all",
+           "axis_index", "axis_size", "bind", "current_region", "local_block", "open_region", "pcast", "pmean",
+           "ppermute", "psum", "psum_scatter", "pvary", "ragged_all_to_all", "resolve_axes"]
 
 CHECK_COLLECTIVES_ENV = "FUNCTIONAL_MESH_CHECK_COLLECTIVES"
 _CHECK_MODES = {"1": "group", "group": "group", "mesh": "mesh"}  # setting -> participants
 
 
-# -- one preamble for every collective -------------------------------------------------------------
+# -- the open shard_map region ----------------------------------------------------------------------
+#
+# shard_map opens a region around the mapped function; every collective called inside goes to it.
+# A typed region also sees every torch op (its TorchFunctionMode); an untyped one installs no mode
+# at all, so its ops cost what plain torch costs, and only the collectives ask for it here.
+
+_REGION: contextvars.ContextVar[Any] = contextvars.ContextVar("functional_mesh_region", default=None)
+# The open region for torch.compile, which cannot trace ContextVar.get but reads a module list.
+_COMPILED: list[Any] = []
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
-    """One public collective call, resolved: its mesh, operand and axes, validated in one place.
+def current_region() -> Any:
+    """The open ``shard_map`` region of this thread/task (under torch.compile: of the trace), or ``None``."""
+    if torch.compiler.is_compiling():
+        return _COMPILED[-1] if _COMPILED else None
+    return _REGION.get()
 
-    ``groups()`` is the communication plan: the product group when the cache holds it, else one
-    group per axis (outermost first).
+
+class open_region:  # noqa: N801 - used as a context manager, like a function
+    """Make ``region`` the open region while the mapped function runs."""
+
+    __slots__ = ("region", "token")
+
+    def __init__(self, region: Any) -> None:
+        self.region, self.token = region, None
+
+    def __enter__(self) -> Any:
+        if torch.compiler.is_compiling():
+            _COMPILED.append(self.region)
+        else:
+            self.token = _REGION.set(self.region)
+        return self.region
+
+    def __exit__(self, *exc: object) -> None:
+        if self.token is None:
+            _COMPILED.pop()
+        else:
+            _REGION.reset(self.token)
+
+
+# -- resolving axes: validated once per handle ------------------------------------------------------
+
+
+class Axes(NamedTuple):
+    """``axis`` resolved on one realized mesh: names, total size, the groups to talk over, this rank's index.
+
+    ``hops``: the product group when realized, else one group per axis of size > 1 (outermost
+    first), or one size-1 hop when every axis has size 1; ``None`` on a rank outside the mesh or
+    when an axis has no group (the collective that needs one raises the handle's error).
+    ``index``: this rank's index along the axes, first axis major (``None`` outside the mesh).
     """
 
-    api: str
-    rm: RealizedMesh
-    x: torch.Tensor | None
     names: tuple[str, ...]
-    tiled: bool
-
-    def member(self) -> None:
-        """Raise unless this rank belongs to the mesh."""
-        rm = self.rm
-        if rm.coordinate is None:
-            raise MeshError(requires(self.api, "a rank that belongs to the mesh", "rank", rm.rank,
-                                     f"devices {rm.mesh.device_list.describe()}"), mesh=rm.mesh)
-
-    def groups(self) -> list[Hop]:
-        """The groups to talk over: the product group when realized, else one per axis (outermost first).
-
-        Size-1 axes are left out (their index is 0: the others' indices and order are unchanged);
-        when every axis has size 1, one size-1 hop remains, which ``_run`` carries out locally.
-        """
-        self.member()
-        rm, names = self.rm, self.names
-        if len(names) > 1 and rm.has_group(names):
-            return [hop_of(rm, names, self.api)]
-        hops = [hop_of(rm, n, self.api) for n in names]
-        return [h for h in hops if h.size > 1] or hops[:1]
-
-    def size(self) -> int:
-        size = 1
-        for n in self.names:
-            size *= self.rm.axis_size(n)
-        return size
-
-    def fail(self, rule: str, name: str, value: object) -> MeshError:
-        return MeshError(requires(self.api, rule, name, value), mesh=self.rm.mesh)
+    size: int
+    hops: tuple[Hop, ...] | None
+    index: int | None
 
 
-NO_TENSOR = object()  # resolve_call's x for the collectives that take no tensor
-
-
-def resolve_call(api: str, x: object, axis: object, mesh: object, tiled: object = True) -> Call:
-    """Validate a call in the order users see its errors: mesh, tensor, ``tiled``, axes."""
-    rm = resolve_mesh(api, mesh)
-    if x is not NO_TENSOR and not isinstance(x, torch.Tensor):
-        raise TypeError(requires(api, "a torch.Tensor", "x", x))
-    tiled = as_bool(api, "tiled", tiled)
+def resolve_axes(api: str, rm: RealizedMesh, axis: object) -> Axes:
+    """``axis`` on ``rm``: checked and planned on first use, then kept on the handle (one dict lookup)."""
+    memo = rm._memo
+    try:
+        found = memo.get(axis)
+    except TypeError:  # a list of names: valid, but not a key
+        found = None
+    if found is not None and rm._epoch == CACHE.epoch:
+        return found
+    rm._check_alive(api)
     names = as_name_tuple(api, axis, "axis")
     if not names:
         raise MeshError(requires(api, "at least one axis", "axis", names, rm.mesh.axis_names), mesh=rm.mesh)
     for name in names:
         axis_position(rm.mesh, name, api)  # unknown axis: an error with "did you mean"
     check_unique(api, names, "axis")
-    return Call(api, rm, None if x is NO_TENSOR else x, names, tiled)
+    size = 1
+    for name in names:
+        size *= rm.axis_size(name)
+    hops = index = None
+    if rm.coordinate is not None:
+        index = index_along(rm, names)
+        try:
+            hops = _plan_hops(rm, names, api)
+        except MeshError:  # an axis without a group: raised again, by the collective that needs it
+            hops = None
+    axes = Axes(names, size, hops, index)
+    if isinstance(axis, (str, tuple)):
+        memo[axis] = axes
+    return axes
+
+
+def _plan_hops(rm: RealizedMesh, names: tuple[str, ...], api: str) -> tuple[Hop, ...]:
+    if len(names) > 1 and rm.has_group(names):
+        return (hop_of(rm, names, api),)
+    hops = [hop_of(rm, n, api) for n in names]
+    return tuple(h for h in hops if h.size > 1) or tuple(hops[:1])
+
+
+# -- one call, bound ----------------------------------------------------------------------------------
+
+
+class Call(NamedTuple):
+    """One call of a collective, checked: its mesh, operand, resolved axes and parameters."""
+
+    api: str
+    rm: RealizedMesh
+    x: Any  # the operand (None for axis_index/axis_size)
+    axes: Axes
+    params: dict[str, Any]
+    traced: bool  # under torch.compile: steps name their groups (functional collectives)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.axes.names
+
+    def hops(self) -> tuple[Hop, ...]:
+        """The groups to talk over; a rank outside the mesh, or an axis without a group, is an error here."""
+        hops = self.axes.hops
+        if hops is None:
+            self.member()
+            hops = _plan_hops(self.rm, self.axes.names, self.api)  # raises the handle's error
+        return hops
+
+    def member(self) -> int:
+        """This rank's index along the axes; a rank outside the mesh is an error."""
+        index = self.axes.index
+        if index is None:
+            raise member_error(self.api, self.rm)
+        return index
+
+    def group(self, hop: Hop) -> Any:
+        """What a step names its group by: the ProcessGroup eagerly, its name under compile (None: size 1)."""
+        return hop.name if self.traced else hop.pg
+
+    def fail(self, rule: str, name: str, value: object) -> MeshError:
+        return MeshError(requires(self.api, rule, name, value), mesh=self.rm.mesh)
+
+
+def member_error(api: str, rm: RealizedMesh) -> MeshError:
+    """The error of a call that needs this rank in the mesh, on a rank outside it."""
+    return MeshError(requires(api, "a rank that belongs to the mesh", "rank", rm.rank,
+                              f"devices {rm.mesh.device_list.describe()}"), mesh=rm.mesh)
+
+
+def bind(rec: Collective, x: Any, axis: object, rm: RealizedMesh, params: dict[str, Any]) -> Call:
+    """Check one call in the order users see its errors: tensor, parameters, axes (the mesh: before)."""
+    api = rec.name
+    if rec.operand and not isinstance(x, torch.Tensor):
+        raise TypeError(requires(api, "a torch.Tensor", "x", x))
+    if rec.check_params is not None:
+        params = rec.check_params(api, params)
+    return Call(api, rm, x, resolve_axes(api, rm, axis), params, torch.compiler.is_compiling())
+
+
+# -- the record ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """Everything about one collective.
+
+    ``run`` carries out a bound call: its forward steps, each with its backward step (the
+    autograd rule), size-1 axes as local steps, and the debug check before each step that
+    communicates. ``rule`` types it in a typed region, from the operand's type, the axes and the
+    parameters (``None``: the result is no tensor and has no type); ``untyped`` is JAX's convention
+    in an untyped region (``None``: ``run`` as it is). ``region_dtype``: a region returns the
+    result as a 0-d tensor of this dtype (``axis_index``: a value that varies over its axes).
+    """
+
+    name: str
+    operand: bool  # takes a tensor ``x`` first
+    run: Callable[[Call], Any]
+    rule: Callable[[str, frozenset[str], frozenset[str], dict[str, Any]], _vma.Rule] | None
+    check_params: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None
+    untyped: Callable[[Call], Any] | None = None
+    region_dtype: torch.dtype | None = None
+    describe: Callable[[Call], str] | None = None  # the parameters, as the debug check and messages show them
+
+
+COLLECTIVES: dict[Any, Collective] = {}  # public function -> its record
+
+
+def _dispatch(rec: Collective, public: Callable[..., Any], x: Any, axis: object, mesh: Any,
+              params: dict[str, Any]) -> Any:
+    """One public call: a torch function mode (a typed region) or a tensor subclass sees it as one op;
+    else the open region (an untyped one) handles it; else the record runs."""
+    if rec.operand:
+        if has_torch_function((x,)) or _torch.torch_function_mode_active():
+            return handle_torch_function(public, (x,), x, axis, mesh=mesh, **params)
+    elif _torch.torch_function_mode_active():
+        return handle_torch_function(public, (), axis, mesh=mesh, **params)
+    region = current_region()
+    if region is not None:
+        return region.collective(rec, x, axis, mesh, params)
+    return rec.run(bind(rec, x, axis, resolve_mesh(rec.name, mesh), params))
+
+
+def _register(public: Callable[..., Any], rec: Collective) -> Collective:
+    COLLECTIVES[public] = rec
+    return rec
 
 
 # -- the opt-in debug check (FUNCTIONAL_MESH_CHECK_COLLECTIVES) -----------------------------------
@@ -133,10 +282,11 @@ class _Check:
     Built per call when the mode is on; the autograd functions keep it for their backward.
     """
 
-    def __init__(self, api: str, rm: Any, names: tuple[str, ...], mode: str, setting: str, params: str) -> None:
-        self.api, self.rm, self.names, self.mode, self.params = api, rm, names, mode, params
-        self.setting = setting
-        self.wait_s = check_timeout_seconds(True, os.environ, api)
+    def __init__(self, call: Call, mode: str, setting: str) -> None:
+        self.api, self.rm, self.names, self.mode, self.setting = call.api, call.rm, call.names, mode, setting
+        rec = COLLECTIVES_BY_NAME[call.api]
+        self.params = rec.describe(call) if rec.describe is not None else ""
+        self.wait_s = check_timeout_seconds(True, os.environ, call.api)
 
     def __call__(self, x: torch.Tensor, axes: tuple[str, ...], *, members: Sequence[int] | None = None,
                  group: Any = None, backward: bool = False) -> None:
@@ -164,32 +314,31 @@ class _Check:
                f"functional_mesh/collective/{space}/{n}", participants, rm.rank, request, self.wait_s)
 
 
-def _check(call: Call, params: str = "") -> _Check | None:
+def _check(call: Call) -> _Check | None:
     """The debug check of one call, or ``None`` when the mode is off (one environment lookup)."""
-    api, rm, names = call.api, call.rm, call.names
     setting = os.environ.get(CHECK_COLLECTIVES_ENV)
     if not setting or setting == "0":
         return None
+    api, rm = call.api, call.rm
     if setting not in _CHECK_MODES:
         raise MeshError(requires(api, f"${CHECK_COLLECTIVES_ENV} to be a known mode", CHECK_COLLECTIVES_ENV, setting,
                                  "'0' (off), '1' or 'group' (each group's members agree), 'mesh' (the whole "
                                  "mesh agrees)"), mesh=rm.mesh)
     if rm.backend == "fake":  # fake collectives carry no data: nothing to compare
         return None
-    if torch.compiler.is_compiling():  # the agreement talks to the store: it cannot be part of a graph
+    if call.traced:  # the agreement talks to the store: it cannot be part of a graph
         raise MeshError(requires(api, f"${CHECK_COLLECTIVES_ENV} off under torch.compile (the collective check runs "
                                  "in eager mode only)", CHECK_COLLECTIVES_ENV, setting, "'0' or unset")
                         + "; run the program eagerly to check it, then compile it with the check off", mesh=rm.mesh)
-    return _Check(api, rm, names, _CHECK_MODES[setting], setting, params)
+    return _Check(call, _CHECK_MODES[setting], setting)
 
 
-# -- one step of communication, and its autograd function ---------------------------------------------
+# -- steps: one communication each, and the autograd node that pairs them --------------------------
 #
-# A step is a tuple of constants: its kind, then the group *name* and plain ints. torch.compile
-# traces an autograd.Function whose arguments are tensors and constants, and torch's functional
-# collectives (``torch.ops._c10d_functional``, reached through ``_torch``) take groups by name;
-# so every collective below traces without a graph break. The debug check is a Python callable
-# and exists only in eager mode (``_check`` refuses it under compile).
+# A step is a tuple: its kind, its group (a ProcessGroup eagerly, the group's name under compile,
+# None for a size-1 hop) and plain ints. torch.compile traces an autograd.Function whose arguments
+# are tensors and constants, and torch's functional collectives take groups by name; so every
+# collective traces without a graph break. The debug check exists only in eager mode.
 
 
 def _run(step: tuple | None, x: torch.Tensor) -> torch.Tensor:
@@ -204,30 +353,39 @@ def _run(step: tuple | None, x: torch.Tensor) -> torch.Tensor:
     if kind == "all_reduce":
         return _torch.all_reduce(x, step[1])
     if kind == "gather":  # every member's x along dim, in group-rank (= mesh) order
-        _, name, n, dim = step
-        return _torch.all_gather(x.movedim(dim, 0).contiguous(), n, name).movedim(0, dim)
+        _, group, n, dim = step
+        if dim == 0:
+            return _torch.all_gather(x.contiguous(), n, group)
+        return _torch.all_gather(x.movedim(dim, 0).contiguous(), n, group).movedim(0, dim)
     if kind == "scatter":  # the sum over members, this member's 1/n block of dim
-        _, name, n, dim = step
-        return _torch.reduce_scatter(x.movedim(dim, 0).contiguous(), n, name).movedim(0, dim)
+        _, group, n, dim = step
+        if dim == 0:
+            return _torch.reduce_scatter(x.contiguous(), n, group)
+        return _torch.reduce_scatter(x.movedim(dim, 0).contiguous(), n, group).movedim(0, dim)
     if kind == "slice":  # this member's 1/n block of dim, without communication
         _, n, dim, index = step
         size = x.shape[dim] // n
         return x.narrow(dim, index * size, size).clone(memory_format=torch.contiguous_format)  # never a view
     if kind == "exchange":  # chunk i of split_dim to member i; arrivals concatenated on concat_dim
-        _, name, n, split_dim, concat_dim = step
+        _, group, n, split_dim, concat_dim = step
         chunks = x.movedim(split_dim, 0)
         chunks = chunks.reshape(n, chunks.shape[0] // n, *chunks.shape[1:]).contiguous()
-        out = _torch.all_to_all(chunks, [1] * n, [1] * n, name)  # out[j]: member j's chunk for us
+        out = _torch.all_to_all(chunks, [1] * n, [1] * n, group)  # out[j]: member j's chunk for us
+        if split_dim == 0 and concat_dim == 0:
+            return out.flatten(0, 1)
         return torch.cat([out[j].movedim(0, split_dim) for j in range(n)], dim=concat_dim)
+    if kind == "ragged":  # rows of dim 0 by split sizes: sent[j] rows to member j, got[j] from member j
+        _, group, sent, got = step
+        return _torch.all_to_all(x.contiguous(), list(got), list(sent), group)
     if kind == "permute":  # send to d for (me, d), receive from s for (s, me); nothing received: zeros
-        _, name, n, me, pairs = step
+        _, group, n, me, pairs = step
         dest = [d for src, d in pairs if src == me] or [me]  # a rank with nothing to send sends to itself,
         source = [src for src, d in pairs if d == me]  # so no rank's buffer is empty (torch's fake backend
         flat = x.reshape(-1)  # refuses an empty one); that block is dropped below
         numel = flat.numel()
         sent = [numel if j == dest[0] else 0 for j in range(n)]
         got = [numel * ((j in source) + (j == me and dest[0] == me and me not in source)) for j in range(n)]
-        out = _torch.all_to_all(flat, got, sent, name)
+        out = _torch.all_to_all(flat.contiguous(), got, sent, group)
         if not source:
             return torch.zeros_like(x)
         start = sum(got[:source[0]])
@@ -255,10 +413,18 @@ class _Comm(torch.autograd.Function):
         return _run(ctx.backward, grad), None, None, None
 
 
-def _apply(x: torch.Tensor, forward: tuple | None, backward: tuple | None, check: Any, hop: Hop) -> torch.Tensor:
-    # a size-1 hop communicates nothing, so there is nothing to agree on (and no group to ask)
+def _apply(call: Call, check: _Check | None, x: torch.Tensor, forward: tuple | None, backward: tuple | None,
+           hop: Hop) -> torch.Tensor:
+    """One step of ``call`` over ``hop``, with its backward.
+
+    Eagerly, with no check and no gradient to send back through communication, the step runs as
+    it is: ``all_reduce``'s buffer is a clone (identity gradient), the identity a view. Otherwise
+    (compiling, debug check, or a backward that communicates) one autograd node pairs the steps.
+    """
     bound = partial(check, axes=hop.axes, group=hop.pg) if check is not None and hop.size > 1 else None
-    return _Comm.apply(x, forward, backward, bound)
+    if call.traced or bound is not None or (backward is not None and x.requires_grad and torch.is_grad_enabled()):
+        return _Comm.apply(x, forward, backward, bound)
+    return _run(forward, x)
 
 
 def _send_recv(x: torch.Tensor, members: list[int], me: int, pairs: list[tuple[int, int]]) -> torch.Tensor:
@@ -296,206 +462,254 @@ class _P2P(torch.autograd.Function):
         return _send_recv(grad, ctx.members, ctx.me, [(d, s) for s, d in ctx.pairs]), None, None, None, None
 
 
-# -- public API ----------------------------------------------------------------------------------
+# -- the records: each collective's parameters, communication and rules ------------------------------
 
 
-def _routed(x: object) -> bool:
-    """Whether a torch function mode (a shard_map region) or a tensor subclass should see this call.
+def _tiled(api: str, params: dict[str, Any]) -> dict[str, Any]:
+    as_bool(api, "tiled", params["tiled"])
+    return params
 
-    Eagerly ``has_torch_function`` answers both; torch.compile answers it for subclasses only,
-    so the mode stack is asked too.
-    """
-    return has_torch_function((x,)) or _torch.torch_function_mode_active()
+
+# psum / pmean: all-reduce forward, identity backward; invariant over the axes (JAX's psum).
 
 
 def _psum(call: Call) -> torch.Tensor:
-    x, groups = call.x, call.groups()
-    check = _check(call)
-    for hop in groups:
-        x = _apply(x, ("all_reduce", hop.name), None, check, hop)
+    x, check = call.x, _check(call)
+    for hop in call.hops():
+        x = _apply(call, check, x, ("all_reduce", call.group(hop)), None, hop)
     return x
 
 
-def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Sum ``x`` over ``axis``; backward is the identity (the result is replicated over ``axis``)."""
-    if _routed(x):  # a shard_map region (or a tensor subclass) types this call as one op
-        return handle_torch_function(psum, (x,), x, axis, mesh=mesh)
-    return _psum(resolve_call("psum", x, axis, mesh))
+def _pmean(call: Call) -> torch.Tensor:
+    return _psum(call) / call.axes.size
 
 
-def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Mean of ``x`` over ``axis``: ``psum(x) / n``."""
-    if _routed(x):  # a shard_map region (or a tensor subclass) types this call as one op
-        return handle_torch_function(pmean, (x,), x, axis, mesh=mesh)
-    call = resolve_call("pmean", x, axis, mesh)
-    return _psum(call) / call.size()
+def _psum_untyped(call: Call) -> torch.Tensor:
+    """JAX's untyped convention: psum's cotangent is summed too (a pvary before it)."""
+    return _psum(call._replace(x=_pvary(call)))
 
 
-def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Identity forward, ``psum`` backward: mark a replicated value entering ``axis``-varying compute."""
-    if _routed(x):  # a shard_map region (or a tensor subclass) types this call as one op
-        return handle_torch_function(pvary, (x,), x, axis, mesh=mesh)
-    call = resolve_call("pvary", x, axis, mesh)
-    x, groups = call.x, call.groups()
-    check = _check(call)
-    for hop in groups:
-        x = _apply(x, None, ("all_reduce", hop.name), check, hop)
+def _pmean_untyped(call: Call) -> torch.Tensor:
+    return _psum_untyped(call) / call.axes.size
+
+
+def _psum_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: dict[str, Any]) -> _vma.Rule:
+    return _vma.psum_rule(api, operand, axes)
+
+
+# pvary / pcast(to="varying"): identity forward, psum backward; the result varies over the axes.
+
+
+def _pvary(call: Call) -> torch.Tensor:
+    x, check = call.x, _check(call)
+    for hop in call.hops():
+        x = _apply(call, check, x, None, ("all_reduce", call.group(hop)), hop)
     return x
 
 
-def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tiled: bool = True,
-               to: str = "varying", mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Every member's ``x`` along ``dim`` in mesh order: concatenated (``tiled``) or stacked at ``dim``.
+def _identity(call: Call) -> torch.Tensor:
+    """An untyped region has no types to cast: pvary is the identity there (JAX)."""
+    call.hops()  # the same errors as typed (a rank outside the mesh, an axis without a group)
+    return call.x
 
-    ``to="varying"`` (the default): backward is ``psum_scatter`` (each member's cotangent may
-    differ). ``to="invariant"`` (JAX's spelling ``"invarying"`` too): the result is the same on
-    every member, so is its cotangent, and backward keeps this member's slice (no communication).
-    """
-    if _routed(x):  # a shard_map region (or a tensor subclass) types this call as one op
-        return handle_torch_function(all_gather, (x,), x, axis, dim=dim, tiled=tiled, to=to, mesh=mesh)
-    call = resolve_call("all_gather", x, axis, mesh, tiled)
-    invariant = as_gather_target(call.api, to) == "invariant"
-    x, groups = call.x, call.groups()
-    if not call.tiled:
-        x = x.unsqueeze(as_dim(call.api, x.ndim + 1, dim))
-    d = as_dim(call.api, x.ndim, dim)
-    check = _check(call, f", dim={d}, tiled={call.tiled}" + (", to='invariant'" if invariant else ""))
-    for hop in reversed(groups):  # innermost axis first: the outermost ends up major
-        back = ("slice", hop.size, d, hop.index) if invariant else ("scatter", hop.name, hop.size, d)
-        x = _apply(x, ("gather", hop.name, hop.size, d), back, check, hop)
+
+def _pvary_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: dict[str, Any]) -> _vma.Rule:
+    return _vma.pvary_rule(api, operand, axes)
+
+
+def _pcast_params(api: str, params: dict[str, Any]) -> dict[str, Any]:
+    if params["to"] != "varying":
+        raise MeshError(requires(api, "a supported target", "to", params["to"], "'varying'"))
+    return params
+
+
+# all_gather: gather forward; backward psum_scatter (to="varying") or this member's slice (invariant).
+
+
+def _gather_params(api: str, params: dict[str, Any]) -> dict[str, Any]:
+    _tiled(api, params)
+    to = params["to"]
+    if to in ("invariant", "invarying"):
+        return {**params, "to": "invariant"}
+    if to != "varying":
+        raise MeshError(requires(api, "a gather target", "to", to, "'varying', 'invariant' (or 'invarying')"))
+    return params
+
+
+def _all_gather(call: Call) -> torch.Tensor:
+    x, params = call.x, call.params
+    if not params["tiled"]:
+        x = x.unsqueeze(as_dim(call.api, x.ndim + 1, params["dim"]))
+    d = as_dim(call.api, x.ndim, params["dim"])
+    hops, check = call.hops(), _check(call)
+    invariant = params["to"] == "invariant"
+    for hop in reversed(hops):  # innermost axis first: the outermost ends up major
+        group = call.group(hop)
+        back = ("slice", hop.size, d, hop.index) if invariant else ("scatter", group, hop.size, d)
+        x = _apply(call, check, x, ("gather", group, hop.size, d), back, hop)
     return x
 
 
-def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tiled: bool = True,
-                 mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Sum over ``axis`` and keep this member's block of ``dim`` (mesh order); untiled drops ``dim``."""
-    if _routed(x):  # a shard_map region (or a tensor subclass) types this call as one op
-        return handle_torch_function(psum_scatter, (x,), x, axis, dim=dim, tiled=tiled, mesh=mesh)
-    call = resolve_call("psum_scatter", x, axis, mesh, tiled)
-    x, groups = call.x, call.groups()
-    d = as_dim(call.api, x.ndim, dim)
-    n = call.size()
-    if (x.shape[d] != n) if not call.tiled else (x.shape[d] % n):
-        rule = f"dim {d} of size {n} (tiled=False)" if not call.tiled else f"dim {d} divisible by {n}"
+def _gather_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: dict[str, Any]) -> _vma.Rule:
+    if params["to"] == "invariant":
+        return _vma.invariant_gather_rule(api, operand, axes)
+    return _vma.gather_rule(api, operand, axes)
+
+
+def _describe_gather(call: Call) -> str:
+    """The parameters as the debug check compares them (dims counted from 0)."""
+    params = call.params
+    d = as_dim(call.api, call.x.ndim + (not params["tiled"]), params["dim"])
+    return f", dim={d}, tiled={params['tiled']}" + (", to='invariant'" if params.get("to") == "invariant" else "")
+
+
+# psum_scatter: reduce-scatter forward, all-gather backward; the result varies over the axes.
+
+
+def _psum_scatter(call: Call) -> torch.Tensor:
+    x, params = call.x, call.params
+    d = as_dim(call.api, x.ndim, params["dim"])
+    n = call.axes.size
+    if (x.shape[d] != n) if not params["tiled"] else (x.shape[d] % n):
+        rule = f"dim {d} of size {n} (tiled=False)" if not params["tiled"] else f"dim {d} divisible by {n}"
         raise call.fail(rule, f"x.shape[{d}]", x.shape[d])
-    check = _check(call, f", dim={d}, tiled={call.tiled}")
-    for hop in groups:  # outermost axis first
-        x = _apply(x, ("scatter", hop.name, hop.size, d), ("gather", hop.name, hop.size, d), check, hop)
-    return x if call.tiled else x.squeeze(d)
+    hops, check = call.hops(), _check(call)
+    for hop in hops:  # outermost axis first
+        group = call.group(hop)
+        x = _apply(call, check, x, ("scatter", group, hop.size, d), ("gather", group, hop.size, d), hop)
+    return x if params["tiled"] else x.squeeze(d)
 
 
-def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, concat_dim: int, *,
-               tiled: bool = True, mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Split ``split_dim`` into one block per member, send block ``i`` to member ``i``, and
-    concatenate what arrives along ``concat_dim`` (mesh order). Untiled: ``split_dim`` must have
-    size ``n`` and is removed; a new ``concat_dim`` of size ``n`` stacks the arrivals."""
-    if _routed(x):  # a shard_map region (or a tensor subclass) types this call as one op
-        return handle_torch_function(all_to_all, (x,), x, axis, split_dim, concat_dim, tiled=tiled, mesh=mesh)
-    call = resolve_call("all_to_all", x, axis, mesh, tiled)
-    x, groups = call.x, call.groups()
-    n = call.size()
-    s, c = as_dim(call.api, x.ndim, split_dim, "split_dim"), as_dim(call.api, x.ndim, concat_dim, "concat_dim")
-    if not call.tiled:
+def _psum_scatter_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: dict[str, Any]) -> _vma.Rule:
+    return _vma.psum_scatter_rule(api, operand, axes)
+
+
+def _describe_scatter(call: Call) -> str:
+    return f", dim={as_dim(call.api, call.x.ndim, call.params['dim'])}, tiled={call.params['tiled']}"
+
+
+def _spread_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: dict[str, Any]) -> _vma.Rule:
+    return _vma.spread_rule(api, operand, axes)
+
+
+# all_to_all: split_dim's blocks to the members, arrivals on concat_dim; backward the inverse.
+
+
+def _all_to_all(call: Call) -> torch.Tensor:
+    x, params = call.x, call.params
+    n = call.axes.size
+    s = as_dim(call.api, x.ndim, params["split_dim"], "split_dim")
+    c = as_dim(call.api, x.ndim, params["concat_dim"], "concat_dim")
+    if not params["tiled"]:
         if x.shape[s] != n:
             raise call.fail(f"split_dim of size {n} (tiled=False)", f"x.shape[{s}]", x.shape[s])
         # stack at output position c: insert the new axis so that it lands at c once the
         # (size-1) split axis is squeezed away
         q, s_y = (c, s + 1) if c <= s else (c + 1, s)
-        return all_to_all(x.unsqueeze(q), call.names, s_y, q, mesh=call.rm).squeeze(s_y)
+        return _exchange(call, x.unsqueeze(q), s_y, q).squeeze(s_y)
     if x.shape[s] % n:
         raise call.fail(f"split_dim divisible by {n}", f"x.shape[{s}]", x.shape[s])
-    if len(groups) > 1:
-        return _all_to_all_composed(call, groups, s, c)
-    (hop,) = groups
-    check = _check(call, f", split_dim={s}, concat_dim={c}")
-    return _apply(x, ("exchange", hop.name, n, s, c), ("exchange", hop.name, n, c, s), check, hop)
+    return _exchange(call, x, s, c)
 
 
-def _all_to_all_composed(call: Call, hops: list[Hop], s: int, c: int) -> torch.Tensor:
-    """A tuple all-to-all without its product group: one untiled exchange per axis, first axis major
-    (``hops``: one per axis of size > 1; a size-1 axis changes no destination).
-
-    ``split_dim`` becomes one dim per axis (destination coordinates, outermost first); the
-    exchange over axis ``i`` turns dim ``i`` from "to whom" into "from whom", so after the last
-    one the blocks stand in sender order, major first, as the product group would deliver them.
-    Autograd composes: each step is an all-to-all with its own inverse.
-    """
-    x = call.x
+def _exchange(call: Call, x: torch.Tensor, s: int, c: int) -> torch.Tensor:
+    """The tiled exchange of ``x`` (valid dims, ``split_dim`` divisible by the axes' size)."""
+    hops, check = call.hops(), _check(call)
+    if len(hops) == 1:
+        (hop,) = hops
+        group, n = call.group(hop), hop.size
+        return _apply(call, check, x, ("exchange", group, n, s, c), ("exchange", group, n, c, s), hop)
+    # A tuple without its product group: one untiled exchange per axis, first axis major (a size-1
+    # axis changes no destination). split_dim becomes one dim per axis (destination coordinates,
+    # outermost first); the exchange over axis i turns dim i from "to whom" into "from whom", so
+    # after the last one the blocks stand in sender order, major first, as the product group would
+    # deliver them. Autograd composes: each step is an exchange with its own inverse.
     sizes = [hop.size for hop in hops]
     front = x.movedim(s, 0)
     y = front.reshape(*sizes, front.shape[0] // math.prod(sizes), *front.shape[1:])
-    for i, hop in enumerate(hops):
-        y = all_to_all(y, hop.axes[0], i, i, tiled=False, mesh=call.rm)
+    for i, hop in enumerate(hops):  # untiled over one axis: stack at i, the split axis i squeezed away
+        group, n = call.group(hop), hop.size
+        y = y.unsqueeze(i)
+        y = _apply(call, check, y, ("exchange", group, n, i + 1, i), ("exchange", group, n, i, i + 1), hop)
+        y = y.squeeze(i + 1)
     blocks = y.flatten(0, len(sizes) - 1).movedim(1, s + 1)  # (n, *x's dims with split_dim cut to one block)
     return blocks.movedim(0, c).flatten(c, c + 1)
 
 
-def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
-          mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """JAX's ``pcast``: ``to="varying"`` is :func:`pvary` (the only target supported)."""
-    if _routed(x):
-        return handle_torch_function(pcast, (x,), x, axis, to=to, mesh=mesh)
-    check_pcast_target(to)
-    return pvary(x, axis, mesh=mesh)
+def _describe_exchange(call: Call) -> str:
+    x, params = call.x, call.params
+    s = as_dim(call.api, x.ndim, params["split_dim"], "split_dim")
+    c = as_dim(call.api, x.ndim, params["concat_dim"], "concat_dim")
+    if not params["tiled"]:  # the tiled exchange it makes, on x with a new dim
+        s, c = (s + 1, c) if c <= s else (s, c + 1)
+    return f", split_dim={s}, concat_dim={c}"
 
 
-def check_pcast_target(to: object) -> None:
-    """``pcast``'s ``to=``: only "varying" is supported."""
-    if to != "varying":
-        raise MeshError(requires("pcast", "a supported target", "to", to, "'varying'"))
+# ragged_all_to_all: rows by split sizes; backward the same exchange with the sizes swapped.
 
 
-def as_gather_target(api: str, to: object) -> str:
-    """``all_gather``'s ``to=``: "varying" or "invariant" (JAX's "invarying" accepted)."""
-    if to in ("invariant", "invarying"):
-        return "invariant"
-    if to != "varying":
-        raise MeshError(requires(api, "a gather target", "to", to, "'varying', 'invariant' (or 'invarying')"))
-    return "varying"
+def _sizes(call: Call, what: str, sizes: object, n: int) -> tuple[int, ...]:
+    """``sizes`` (a sequence of ints or a 1-D integer tensor) as ``n`` non-negative ints."""
+    api = call.api
+    if isinstance(sizes, torch.Tensor):
+        if sizes.ndim != 1 or sizes.dtype.is_floating_point or sizes.dtype.is_complex or sizes.dtype == torch.bool:
+            raise TypeError(requires(api, f"a 1-D integer tensor or a sequence of ints for {what}", what,
+                                     f"a {sizes.ndim}-d {str(sizes.dtype).removeprefix('torch.')} tensor"))
+        sizes = sizes.tolist()
+    elif isinstance(sizes, (str, bytes)) or not isinstance(sizes, Iterable):
+        raise TypeError(requires(api, f"a 1-D integer tensor or a sequence of ints for {what}", what, sizes))
+    values = tuple(as_int(api, what, v) for v in sizes)
+    if len(values) != n:
+        raise call.fail(f"one size per member of {call.names!r} ({n})", what, values)
+    if any(v < 0 for v in values):
+        raise call.fail("sizes >= 0", what, values)
+    return values
 
 
-def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int]], *,
-             mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Send ``x`` from axis index ``s`` to ``d`` for each ``(s, d)`` in ``perm``; ranks that
-    receive nothing get zeros. Backward sends gradients along the inverse permutation."""
-    if _routed(x):  # a shard_map region (or a tensor subclass) types this call as one op
-        return handle_torch_function(ppermute, (x,), x, axis, perm, mesh=mesh)
-    call = resolve_call("ppermute", x, axis, mesh)
-    call.member()
-    pairs = tuple(_permutation(call, perm))
-    check = _check(call, f", perm={list(pairs)}")
-    groups, me = call.groups(), _axis_index(call)
-    if len(groups) == 1:  # one axis, or the product group: one all-to-all with empty blocks (traces)
-        (hop,) = groups
-        inverse = tuple((d, s) for s, d in pairs)
-        forward, backward = ("permute", hop.name, hop.size, me, pairs), ("permute", hop.name, hop.size, me, inverse)
-        return _apply(call.x, forward, backward, check, hop)
-    if torch.compiler.is_compiling():
-        rule = "under torch.compile, one axis or a tuple whose product group was realized"
-        raise MeshError(requires(call.api, rule, "axis", call.names) + f"; pass products=[{call.names!r}] to realize",
-                        mesh=call.rm.mesh)
-    members = call.rm.mesh[call.names].group_of(call.rm.rank).reshape(-1).tolist()
-    bound = partial(check, axes=call.names, members=members) if check is not None else None
-    return _P2P.apply(call.x, members, me, list(pairs), bound)
+def _ragged(call: Call) -> torch.Tensor:
+    x, params = call.x, call.params
+    n = call.axes.size
+    if x.ndim == 0:
+        raise call.fail("a tensor with at least one dim (rows are dim 0)", "x.shape", tuple(x.shape))
+    sent = _sizes(call, "send_sizes", params["send_sizes"], n)
+    if sum(sent) != x.shape[0]:
+        raise call.fail(f"send_sizes summing to x.shape[0] ({x.shape[0]})", "send_sizes", sent)
+    recv = params["recv_sizes"]
+    hops = call.hops()
+    if len(hops) > 1:
+        raise MeshError(requires(call.api, "one axis, or a tuple whose product group was realized", "axis",
+                                 call.names) + f"; pass products=[{call.names!r}] to realize", mesh=call.rm.mesh)
+    (hop,) = hops
+    group = call.group(hop)
+    if recv is None:
+        got = _exchange_counts(call, sent, hop, group)
+    else:
+        got = _sizes(call, "recv_sizes", recv, n)
+    check = _check(call)
+    return _apply(call, check, x, ("ragged", group, sent, got), ("ragged", group, got, sent), hop)
 
 
-def local_block(x: torch.Tensor, axis: str | Sequence[str], dim: int, *, mesh: RealizedMesh) -> torch.Tensor:
-    """This rank's block of ``x`` along ``dim`` over ``axis`` (a tuple: first axis major), without
-    communication; backward gathers the cotangent (the transpose of ``all_gather(to="invariant")``).
+def _exchange_counts(call: Call, sent: tuple[int, ...], hop: Hop, group: Any) -> tuple[int, ...]:
+    """What every member sends us: one small all-to-all of the counts (no gradient)."""
+    if group is None:  # one member: what we send ourselves
+        return sent
+    if call.traced:
+        raise call.fail("recv_sizes under torch.compile (the counts exchange makes shapes data-dependent)",
+                        "recv_sizes", None)
+    counts = torch.tensor(sent, dtype=torch.int64, device=call.x.device)
+    return tuple(_run(("exchange", group, hop.size, 0, 0), counts).tolist())
 
-    shard_map's boundary: a full tensor enters a region as its local block (``dim``: a valid,
-    non-negative dim; the boundary's plan checked it).
-    """
-    call = resolve_call("shard_map", x, axis, mesh)
-    x = call.x
-    for hop in call.groups():  # outermost first; backward gathers innermost first
-        x = _apply(x, ("slice", hop.size, dim, hop.index), ("gather", hop.name, hop.size, dim), None, hop)
-    return x
+
+def _describe_ragged(call: Call) -> str:
+    return f", send_sizes={list(call.params['send_sizes'])!r}"
+
+
+# ppermute: point to point by (source, destination) pairs; backward the inverse permutation.
 
 
 def _permutation(call: Call, perm: object) -> list[tuple[int, int]]:
     """``perm`` as (source, destination) pairs of axis indices, each end used at most once."""
-    n = call.size()
+    n = call.axes.size
     if isinstance(perm, (str, bytes)) or not isinstance(perm, Iterable):
         raise TypeError(requires(call.api, "an iterable of (source, destination) pairs", "perm", perm))
     pairs = []
@@ -512,9 +726,112 @@ def _permutation(call: Call, perm: object) -> list[tuple[int, int]]:
     return pairs
 
 
+def _ppermute(call: Call) -> torch.Tensor:
+    me = call.member()
+    pairs = tuple(_permutation(call, call.params["perm"]))
+    hops, check = call.hops(), _check(call)
+    if len(hops) == 1:  # one axis, or the product group: one all-to-all with empty blocks (traces)
+        (hop,) = hops
+        group, n = call.group(hop), hop.size
+        inverse = tuple((d, s) for s, d in pairs)
+        return _apply(call, check, call.x, ("permute", group, n, me, pairs), ("permute", group, n, me, inverse), hop)
+    if call.traced:
+        rule = "under torch.compile, one axis or a tuple whose product group was realized"
+        raise MeshError(requires(call.api, rule, "axis", call.names) + f"; pass products=[{call.names!r}] to realize",
+                        mesh=call.rm.mesh)
+    members = call.rm.mesh[call.names].group_of(call.rm.rank).reshape(-1).tolist()
+    bound = partial(check, axes=call.names, members=members) if check is not None else None
+    return _P2P.apply(call.x, members, me, list(pairs), bound)
+
+
+def _describe_perm(call: Call) -> str:
+    return f", perm={[tuple(p) for p in call.params['perm']]!r}"
+
+
+# axis_index / axis_size: no communication.
+
+
 def _axis_index(call: Call) -> int:
-    call.member()
-    return index_along(call.rm, call.names)
+    return call.member()
+
+
+def _axis_index_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: dict[str, Any]) -> _vma.Rule:
+    return _vma.axis_index_rule(axes)
+
+
+def _axis_size(call: Call) -> int:
+    return call.axes.size
+
+
+# -- the public functions: thin and uniform ----------------------------------------------------------
+
+
+def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
+    """Sum ``x`` over ``axis``; backward is the identity (the result is replicated over ``axis``)."""
+    return _dispatch(PSUM, psum, x, axis, mesh, {})
+
+
+def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
+    """Mean of ``x`` over ``axis``: ``psum(x) / n``."""
+    return _dispatch(PMEAN, pmean, x, axis, mesh, {})
+
+
+def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
+    """Identity forward, ``psum`` backward: mark a replicated value entering ``axis``-varying compute."""
+    return _dispatch(PVARY, pvary, x, axis, mesh, {})
+
+
+def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
+          mesh: RealizedMesh | None = None) -> torch.Tensor:
+    """JAX's ``pcast``: ``to="varying"`` is :func:`pvary` (the only target supported)."""
+    return _dispatch(PCAST, pcast, x, axis, mesh, {"to": to})
+
+
+def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tiled: bool = True,
+               to: str = "varying", mesh: RealizedMesh | None = None) -> torch.Tensor:
+    """Every member's ``x`` along ``dim`` in mesh order: concatenated (``tiled``) or stacked at ``dim``.
+
+    ``to="varying"`` (the default): backward is ``psum_scatter`` (each member's cotangent may
+    differ). ``to="invariant"`` (JAX's spelling ``"invarying"`` too): the result is the same on
+    every member, so is its cotangent, and backward keeps this member's slice (no communication).
+    """
+    return _dispatch(ALL_GATHER, all_gather, x, axis, mesh, {"dim": dim, "tiled": tiled, "to": to})
+
+
+def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tiled: bool = True,
+                 mesh: RealizedMesh | None = None) -> torch.Tensor:
+    """Sum over ``axis`` and keep this member's block of ``dim`` (mesh order); untiled drops ``dim``."""
+    return _dispatch(PSUM_SCATTER, psum_scatter, x, axis, mesh, {"dim": dim, "tiled": tiled})
+
+
+def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, concat_dim: int, *,
+               tiled: bool = True, mesh: RealizedMesh | None = None) -> torch.Tensor:
+    """Split ``split_dim`` into one block per member, send block ``i`` to member ``i``, and
+    concatenate what arrives along ``concat_dim`` (mesh order). Untiled: ``split_dim`` must have
+    size ``n`` and is removed; a new ``concat_dim`` of size ``n`` stacks the arrivals."""
+    return _dispatch(ALL_TO_ALL, all_to_all, x, axis, mesh,
+                     {"split_dim": split_dim, "concat_dim": concat_dim, "tiled": tiled})
+
+
+def ragged_all_to_all(x: torch.Tensor, axis: str | Sequence[str], send_sizes: Any, recv_sizes: Any = None, *,
+                      mesh: RealizedMesh | None = None) -> torch.Tensor:
+    """Send rows of ``x`` (dim 0) by split sizes: the first ``send_sizes[0]`` rows to member 0, the
+    next ``send_sizes[1]`` to member 1, and so on (member order along ``axis``: mesh order, a tuple
+    first name major). The result holds the rows received, grouped by source member in member order.
+
+    ``send_sizes`` and ``recv_sizes``: a sequence of ints or a 1-D integer tensor, one size per
+    member. ``recv_sizes=None``: the members exchange their counts first (one small all-to-all).
+    Backward is the same exchange with the sizes swapped. A tuple of axes needs its product group.
+    """
+    return _dispatch(RAGGED_ALL_TO_ALL, ragged_all_to_all, x, axis, mesh,
+                     {"send_sizes": send_sizes, "recv_sizes": recv_sizes})
+
+
+def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int]], *,
+             mesh: RealizedMesh | None = None) -> torch.Tensor:
+    """Send ``x`` from axis index ``s`` to ``d`` for each ``(s, d)`` in ``perm``; ranks that
+    receive nothing get zeros. Backward sends gradients along the inverse permutation."""
+    return _dispatch(PPERMUTE, ppermute, x, axis, mesh, {"perm": perm})
 
 
 def axis_index(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> int:
@@ -522,13 +839,65 @@ def axis_index(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -
 
     Inside a ``shard_map`` region it is a 0-d int32 tensor that varies over ``axis`` (as in JAX).
     """
-    if _torch.torch_function_mode_active():
-        return handle_torch_function(axis_index, (), axis, mesh=mesh)
-    return _axis_index(resolve_call("axis_index", NO_TENSOR, axis, mesh))
+    return _dispatch(AXIS_INDEX, axis_index, None, axis, mesh, {})
 
 
 def axis_size(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> int:
     """The size of ``axis`` (a tuple: the product). No communication."""
-    if _torch.torch_function_mode_active():
-        return handle_torch_function(axis_size, (), axis, mesh=mesh)
-    return resolve_call("axis_size", NO_TENSOR, axis, mesh).size()
+    return _dispatch(AXIS_SIZE, axis_size, None, axis, mesh, {})
+
+
+PSUM = _register(psum, Collective("psum", True, _psum, _psum_rule, untyped=_psum_untyped))
+PMEAN = _register(pmean, Collective("pmean", True, _pmean, _psum_rule, untyped=_pmean_untyped))
+PVARY = _register(pvary, Collective("pvary", True, _pvary, _pvary_rule, untyped=_identity))
+PCAST = _register(pcast, Collective("pcast", True, _pvary, _pvary_rule, _pcast_params, untyped=_identity))
+ALL_GATHER = _register(all_gather, Collective("all_gather", True, _all_gather, _gather_rule, _gather_params,
+                                              describe=_describe_gather))
+PSUM_SCATTER = _register(psum_scatter, Collective("psum_scatter", True, _psum_scatter, _psum_scatter_rule, _tiled,
+                                                  describe=_describe_scatter))
+ALL_TO_ALL = _register(all_to_all, Collective("all_to_all", True, _all_to_all, _spread_rule, _tiled,
+                                              describe=_describe_exchange))
+RAGGED_ALL_TO_ALL = _register(ragged_all_to_all, Collective("ragged_all_to_all", True, _ragged, _spread_rule,
+                                                            describe=_describe_ragged))
+PPERMUTE = _register(ppermute, Collective("ppermute", True, _ppermute, _spread_rule, describe=_describe_perm))
+AXIS_INDEX = _register(axis_index, Collective("axis_index", False, _axis_index, _axis_index_rule,
+                                              region_dtype=torch.int32))
+AXIS_SIZE = _register(axis_size, Collective("axis_size", False, _axis_size, None))
+COLLECTIVES_BY_NAME = {rec.name: rec for rec in COLLECTIVES.values()}
+
+
+# -- the boundary's local block, and raw torch.distributed calls ------------------------------------
+
+
+def local_block(x: torch.Tensor, axis: str | Sequence[str], dim: int, *, mesh: RealizedMesh) -> torch.Tensor:
+    """This rank's block of ``x`` along ``dim`` over ``axis`` (a tuple: first axis major), without
+    communication; backward gathers the cotangent (the transpose of ``all_gather(to="invariant")``).
+
+    shard_map's boundary: a full tensor enters a region as its local block (``dim``: a valid,
+    non-negative dim; the boundary's plan checked it).
+    """
+    call = Call("shard_map", mesh, x, resolve_axes("shard_map", mesh, axis), {}, torch.compiler.is_compiling())
+    for hop in call.hops():  # outermost first; backward gathers innermost first
+        x = _apply(call, None, x, ("slice", hop.size, dim, hop.index), ("gather", call.group(hop), hop.size, dim), hop)
+    return x
+
+
+# torch.distributed's own collectives write into tensors a typed region cannot see the types of:
+# inside one they are refused, with the collective of ours that does the same by axis name.
+# (torch routes each of these through __torch_function__; names missing from a torch release are skipped.)
+_RAW_ADVICE = {
+    "all_reduce": "fm.psum (or fm.pmean)", "all_reduce_coalesced": "fm.psum", "reduce": "fm.psum",
+    "all_gather": "fm.all_gather", "all_gather_into_tensor": "fm.all_gather", "all_gather_coalesced": "fm.all_gather",
+    "all_gather_single": "fm.all_gather", "gather": "fm.all_gather",
+    "reduce_scatter": "fm.psum_scatter", "reduce_scatter_tensor": "fm.psum_scatter",
+    "reduce_scatter_single": "fm.psum_scatter", "scatter": "fm.all_to_all",
+    "all_to_all_single": "fm.all_to_all (equal blocks) or fm.ragged_all_to_all (split sizes)",
+    "all_to_all": "fm.all_to_all (equal blocks) or fm.ragged_all_to_all (split sizes)",
+    "broadcast": "fm.all_gather or fm.ppermute", "send": "fm.ppermute", "recv": "fm.ppermute",
+    "isend": "fm.ppermute", "irecv": "fm.ppermute",
+}
+RAW: dict[Any, str] = {}  # torch.distributed function -> the fm collective to use instead
+for _name, _advice in _RAW_ADVICE.items():
+    _fn = getattr(dist, _name, None)
+    if _fn is not None:
+        RAW.setdefault(_fn, _advice)

@@ -8,7 +8,8 @@ the union of its tensor operands' axes. What is here:
 
 - ``PASS_THROUGH``: metadata and queries (``x.shape``, ``x.size()``, ``x.item()``, ...): no typing;
 - random ops: the result varies over every axis of the region's mesh;
-- collectives: their rule in ``_vma`` and how to read their arguments (:class:`CollectiveSpec`);
+- collectives: ours are records of ``_collectives``' table (rule, parameters, communication), which
+  the region applies; torch.distributed's own (``dist.all_reduce``, ...) are refused in a typed region;
 - in-place writes are recognised by name (``add_``, ``__iadd__``, ``__setitem__``) or by an
   ``out=`` / ``inplace=True`` argument (:func:`written_operand`);
 - custom ops (``torch.ops.<namespace>.*`` outside aten/prims) cannot be typed: :func:`is_untypeable`.
@@ -18,22 +19,20 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from . import _collectives as C
-from . import _torch, _vma
+from . import _torch
 
-__all__ = ["COLLECTIVES", "PASS_THROUGH", "CollectiveSpec", "OpKind", "bind", "is_random", "is_untypeable", "op_kind",
-           "written_operand"]
+__all__ = ["PASS_THROUGH", "OpKind", "is_random", "is_untypeable", "op_kind", "written_operand"]
 
 
 _SEEN: set[Any] = set()
-# Each conditional or collective function's parameters, read once at import: a region binds a
-# call's arguments with plain dict work (torch.compile cannot trace inspect.signature).
+# Each dropout's parameters, read once at import: whether a call draws random numbers depends on
+# them, bound with plain dict work (torch.compile cannot trace inspect.signature).
 _PARAMETERS: dict[Any, tuple[tuple[str, Any, bool], ...]] = {}  # (name, default, may be positional)
 
 
@@ -43,8 +42,8 @@ def _read_parameters(*funcs: Any) -> None:
                                   for p in inspect.signature(func).parameters.values())
 
 
-def bind(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """``func``'s arguments by name, defaults filled in (``func``: a collective or a dropout).
+def _bind(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """``func``'s arguments by name, defaults filled in (``func``: a dropout).
 
     A call ``func`` itself refuses raises the ``TypeError`` that call raises.
     """
@@ -96,7 +95,7 @@ _RANDOM: dict[Any, Callable[..., bool] | None] = {}
 
 def _dropout_is_random(func: Any, args: tuple, kwargs: dict) -> bool:
     """A dropout in eval mode (``training=False``) or with ``p=0`` draws nothing."""
-    arguments = bind(func, args, kwargs)
+    arguments = _bind(func, args, kwargs)
     return bool(arguments.get("training", arguments.get("train", True))) and arguments.get("p", 0.5) != 0
 
 
@@ -142,30 +141,15 @@ def is_untypeable(func: Any) -> bool:
 
 
 # -- collectives ----------------------------------------------------------------------------------------
+#
+# Ours are records of the collectives' table (``_collectives.COLLECTIVES``: rule, parameters,
+# communication); torch.distributed's own write into tensors whose types a region cannot know,
+# so a typed region refuses them (``_collectives.RAW``: the collective of ours to use instead).
 
-
-@dataclass(frozen=True, slots=True)
-class CollectiveSpec:
-    """How a region types one collective: its rule, and whether it takes a tensor operand."""
-
-    rule: Callable[..., _vma.Rule] | None  # (api, operand type, axes) -> Rule; None for axis_index/axis_size
-    has_operand: bool = True
-
-
-def _gather_rule(api: str, operand: frozenset[str], axes: frozenset[str], to: object = "varying") -> _vma.Rule:
-    if C.as_gather_target(api, to) == "invariant":
-        return _vma.invariant_gather_rule(api, operand, axes)
-    return _vma.gather_rule(api, operand, axes)
-
-
-COLLECTIVES: dict[Any, CollectiveSpec] = {}
-_register(COLLECTIVES, CollectiveSpec(_vma.psum_rule), C.psum, C.pmean)
-_register(COLLECTIVES, CollectiveSpec(_vma.pvary_rule), C.pvary, C.pcast)
-_register(COLLECTIVES, CollectiveSpec(_gather_rule), C.all_gather)
-_register(COLLECTIVES, CollectiveSpec(_vma.psum_scatter_rule), C.psum_scatter)
-_register(COLLECTIVES, CollectiveSpec(_vma.spread_rule), C.all_to_all, C.ppermute)
-_register(COLLECTIVES, CollectiveSpec(None, has_operand=False), C.axis_index, C.axis_size)
-_read_parameters(*COLLECTIVES)
+_OURS: dict[Any, bool] = {}
+_register(_OURS, True, *C.COLLECTIVES)
+_THEIRS: dict[Any, bool] = {}
+_register(_THEIRS, True, *C.RAW)
 
 
 # -- what a function is, decided once per function --------------------------------------------------------
@@ -174,7 +158,8 @@ _read_parameters(*COLLECTIVES)
 class OpKind(NamedTuple):
     """What the tables say about one function (plain constants)."""
 
-    role: str  # "pass" (PASS_THROUGH), "collective", "untypeable" (a custom op) or "op" (the default rule)
+    role: str  # "pass" (PASS_THROUGH), "collective" (ours), "raw collective" (torch.distributed's), "untypeable"
+    # (a custom op) or "op" (the default rule)
     random: str  # "always", "maybe" (a dropout: depends on its arguments) or "" (draws nothing)
     writes_first: bool  # an in-place op by its name (``add_``, ``__iadd__``, ``__setitem__``)
     name: str  # how errors name it: "add", "Tensor.add_", "aten::add", "my_lib::op"
@@ -203,8 +188,10 @@ def _classify(func: Any) -> OpKind:
     op = _torch.op_overload_name(func)  # torch.ops.<namespace>.<op>: ("namespace", "op")
     if func in PASS_THROUGH:
         role = "pass"
-    elif func in COLLECTIVES:
+    elif func in C.COLLECTIVES:
         role = "collective"
+    elif func in C.RAW:
+        role = "raw collective"
     elif op is not None and op[0] not in ("aten", "prims"):
         role = "untypeable"
     else:

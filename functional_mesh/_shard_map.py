@@ -1,28 +1,35 @@
 """``shard_map``: a function written for one shard, mapped over a realized mesh, typed by axis name.
 
-Three parts, kept apart (DESIGN.md §10.1): the *rules* are pure functions of types (``_vma``),
-the *table* says which torch functions are exceptions to the default rule (``_op_rules``), and
-the *interpreter* here is a ``TorchFunctionMode`` that asks the table, inserts the implicit casts
-(``pvary``: identity forward, ``psum`` backward) before an op runs, runs it, and records the
-result's type. It never names a particular op.
+Three parts, kept apart (docs/design.md, "Type rules"): the *rules* are pure functions of types
+(``_vma``); the *tables* say which torch functions are exceptions to the default rule
+(``_op_rules``) and hold every collective as one record with its own rule (``_collectives``);
+the *interpreter* here is a ``TorchFunctionMode`` that asks the tables, inserts the implicit
+casts (``pvary``: identity forward, ``psum`` backward) before an op runs, runs it, and records
+the result's type. It never names a particular op or collective.
+
+What a region costs eagerly: a typed one, one table lookup and one attribute read per operand
+for the common op (operands of one type, nothing written, nothing drawn), whose answer needs no
+rule at all; other ops take the general path, with the default rule's answers cached per operand
+types. An untyped region installs no mode: its ops are plain torch, and only the collectives ask
+for the open region (JAX's untyped gradient convention).
 
 The region's boundary:
 
 - in: a DTensor whose sharding is the spec gives its local tensor; a plain tensor is the full
   value, sliced here without communication (its gradient is gathered back to the full shape);
 - out: every result must be invariant over the axes its out_spec does not name (else one
-  ``VmaError`` listing every failing result); a result invariant over a named axis is cast to
-  vary (backward ``psum``); each becomes a DTensor on ``rm.device_mesh``.
+  ``VmaError`` listing every failing result, with the fix for each); a result invariant over a
+  named axis is cast to vary (backward ``psum``); each becomes a DTensor on ``rm.device_mesh``.
 
-Types live in a region-owned map (weak in eager mode), so none leaks onto the returned tensors.
-Under torch.compile the whole region is traced: the types, the table's answers and the boundary's
-plans are decided while tracing, and the compiled code holds the ops, casts and collectives only.
+Eagerly a tensor's type is an attribute naming the region, removed from every tensor the
+boundary hands in or out, so none leaks. Under torch.compile the whole region is traced: the
+types (a dict of traced tensors), the table's answers and the boundary's plans are decided while
+tracing, and the compiled code holds the ops, casts and collectives only.
 ``check_vma=False`` tracks nothing and uses JAX's untyped gradient convention instead.
 """
 
 from __future__ import annotations
 
-import contextvars
 import functools
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,105 +41,126 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import _collectives as C
 from . import _torch, _vma
-from ._errors import MeshError, requires
+from ._errors import MeshError, UnknownAxisError, requires
 from ._handle import RealizedMesh, resolve_mesh
 from ._interop import sharding_of
-from ._op_rules import COLLECTIVES, CollectiveSpec, bind, is_random, op_kind, written_operand
+from ._layout import row_major_strides
+from ._op_rules import is_random, op_kind, written_operand
 from ._sharding import NamedSharding, PartitionSpec
 
 __all__ = ["shard_map", "typeof"]
 
 _NOTHING: frozenset[str] = frozenset()
-_REGION: contextvars.ContextVar[_Region | None] = contextvars.ContextVar("functional_mesh_region", default=None)
-# The open region for torch.compile, which cannot trace ContextVar.get but reads a module list.
-_COMPILED: list[_Region] = []
+_TAG = "_functional_mesh_vma"  # the attribute that holds a tensor's type inside an eager typed region
 
 
-def _current_region() -> _Region | None:
-    if torch.compiler.is_compiling():
-        return _COMPILED[-1] if _COMPILED else None
-    return _REGION.get()
+class _Tag:
+    """A tensor's type in one eager region: valid only while ``region`` is the region that set it."""
+
+    __slots__ = ("region", "axes")
+
+    def __init__(self, region: _Region, axes: frozenset[str]) -> None:
+        self.region, self.axes = region, axes
 
 
 class _Region:
     """One call of a mapped function: its realized mesh, whether it is typed, and the types.
 
-    Eagerly the types live in a weak map (an intermediate the program drops is freed at once);
-    under torch.compile in a plain dict of the traced tensors, which dynamo tracks: the types are
-    then decided while tracing and are no part of the compiled code.
+    Eagerly a tensor's type is an attribute of the tensor (a :class:`_Tag` naming this region): one
+    attribute read per operand is the cheapest lookup there is, a tensor the region never typed
+    (made outside, or by an earlier region) reads as invariant, and the boundary removes the tags
+    from every tensor it hands in or out, so none is seen outside. Under torch.compile the types
+    are a plain dict of the traced tensors, which dynamo tracks: they are decided while tracing
+    and are no part of the compiled code.
     """
 
-    __slots__ = ("rm", "check_vma", "axes", "types", "random")
+    __slots__ = ("rm", "check_vma", "axes", "traced", "types", "tags", "sources", "random", "entered")
 
     def __init__(self, rm: RealizedMesh, check_vma: bool) -> None:
         self.rm = rm
         self.check_vma = check_vma
         self.axes = frozenset(rm.mesh.axis_names)
-        self.types: Any = {} if torch.compiler.is_compiling() else WeakTensorKeyDictionary()
+        self.traced = torch.compiler.is_compiling()
+        self.types: dict[Any, frozenset[str]] = {}  # under torch.compile: traced tensor -> axes
+        self.tags: dict[frozenset[str], _Tag] = {}  # eagerly: one tag per type
+        # results of collectives -> (api, axes, params): an out_specs error says what made a result
+        self.sources: Any = {} if self.traced else WeakTensorKeyDictionary()
         self.random = False  # whether a random op ran (the out_specs error then says why values vary)
+        self.entered: list[torch.Tensor] = []  # tensors typed at the boundary (their tags go at exit)
 
     def type_of(self, t: torch.Tensor) -> frozenset[str]:
         """The axes ``t`` varies over; a tensor the region never saw (created outside) is invariant."""
-        return self.types.get(t, _NOTHING)
+        if self.traced:
+            return self.types.get(t, _NOTHING)
+        tag = getattr(t, _TAG, None)
+        return tag.axes if tag is not None and tag.region is self else _NOTHING
 
     def record(self, out: Any, axes: frozenset[str]) -> None:
         if isinstance(out, torch.Tensor):
-            if axes:
-                self.types[out] = axes
+            if self.traced:
+                if axes:
+                    self.types[out] = axes
+                return
+            tag = getattr(out, _TAG, None)
+            if axes or (tag is not None and tag.region is self):
+                setattr(out, _TAG, self._tag(axes))
             return
         if isinstance(out, (tuple, list)):
             for o in out:
                 self.record(o, axes)
 
+    def _tag(self, axes: frozenset[str]) -> _Tag:
+        tag = self.tags.get(axes)
+        if tag is None:
+            tag = self.tags[axes] = _Tag(self, axes)
+        return tag
+
+    def forget(self, t: Any) -> None:
+        """Remove this region's type from ``t`` (a tensor that leaves the region, or entered it)."""
+        if isinstance(t, torch.Tensor) and not self.traced:
+            tag = getattr(t, _TAG, None)
+            if tag is not None and tag.region is self:
+                delattr(t, _TAG)
+
     def cast(self, x: torch.Tensor, axes: frozenset[str]) -> torch.Tensor:
         """The implicit ``pvary``: identity forward, ``psum`` over ``axes`` backward."""
-        y = C.pvary(x, tuple(sorted(axes)), mesh=self.rm)
-        self.types[y] = self.type_of(x) | axes
+        y = C.PVARY.run(C.bind(C.PVARY, x, tuple(sorted(axes)), self.rm, {}))
+        self.record(y, self.type_of(x) | axes)
         return y
 
-    # -- collectives --------------------------------------------------------------------------------
+    # -- collectives: every one through its record ----------------------------------------------------
 
-    def collective(self, func: Any, spec: CollectiveSpec, args: tuple, kwargs: dict) -> Any:
-        api = func.__name__
-        arguments = bind(func, args, kwargs)
-        mesh = arguments.get("mesh")
-        if mesh is not None and mesh is not self.rm and resolve_mesh(api, mesh).mesh != self.rm.mesh:
+    def collective(self, rec: C.Collective, x: Any, axis: object, mesh: Any, params: dict[str, Any]) -> Any:
+        api, rm = rec.name, self.rm
+        if mesh is not None and mesh is not rm and resolve_mesh(api, mesh).mesh != rm.mesh:
             raise MeshError(requires(api, "inside shard_map, the region's mesh (or mesh=None)", "mesh", mesh,
-                                     self.rm), mesh=self.rm.mesh)
-        arguments["mesh"] = self.rm
-        if not spec.has_operand:
-            value = func(**arguments)
-            if func is C.axis_index:
-                names = C.resolve_call(api, C.NO_TENSOR, arguments["axis"], self.rm).names
-                index = torch.tensor(value, dtype=torch.int32)
-                if self.check_vma:
-                    self.types[index] = frozenset(names)
-                return index
-            return value
-        x = arguments["x"]
-        call = C.resolve_call(api, x, arguments["axis"], self.rm, arguments.get("tiled", True))
+                                     rm), mesh=rm.mesh)
+        try:
+            call = C.bind(rec, x, axis, rm, params)
+        except UnknownAxisError as error:  # name the region's mesh: the axis may exist outside it
+            raise UnknownAxisError(f"{error.args[0]} (inside shard_map over {rm.mesh!r}{_selected(rm)})",
+                                   mesh=rm.mesh) from None
+        if rec.rule is None:  # no tensor, no type (axis_size)
+            return rec.run(call)
         if not self.check_vma:
-            return _untyped(func, arguments, call, self.rm)
-        extra = {"to": arguments["to"]} if "to" in arguments and func is C.all_gather else {}
-        rule = spec.rule(api, self.type_of(x), frozenset(call.names), **extra)
-        if rule.casts[0]:
-            arguments["x"] = self.cast(x, rule.casts[0])
-        out = func(**arguments)
+            out = (rec.untyped or rec.run)(call)
+            return out if rec.region_dtype is None else torch.tensor(out, dtype=rec.region_dtype)
+        rule = rec.rule(api, self.type_of(x) if rec.operand else _NOTHING, frozenset(call.names), call.params)
+        if rec.operand and rule.casts[0]:
+            call = call._replace(x=self.cast(x, rule.casts[0]))
+        out = rec.run(call)
+        if rec.region_dtype is not None:
+            out = torch.tensor(out, dtype=rec.region_dtype)
         self.record(out, rule.result)
+        if isinstance(out, torch.Tensor):
+            self.sources[out] = (api, call.names, call.params)
         return out
 
 
-def _untyped(func: Any, arguments: dict[str, Any], call: C.Call, rm: RealizedMesh) -> Any:
-    """A collective in an untyped region: JAX's convention, where ``psum`` transposes to ``psum``."""
-    if func in (C.pvary, C.pcast):
-        if func is C.pcast:
-            C.check_pcast_target(arguments.get("to", "varying"))
-        return arguments["x"]
-    if func in (C.psum, C.pmean):
-        y = C.pvary(arguments["x"], call.names, mesh=rm)  # its backward: psum
-        y = C.psum(y, call.names, mesh=rm)
-        return y / call.size() if func is C.pmean else y
-    return func(**arguments)
+def _selected(rm: RealizedMesh) -> str:
+    """", a selection of (dp, tp)" for a region over a selection of a bigger realized mesh."""
+    root = rm._root
+    return "" if root is None else f", a selection of ({', '.join(root.mesh.axis_names)})"
 
 
 class _Scale(torch.autograd.Function):
@@ -151,25 +179,55 @@ class _Scale(torch.autograd.Function):
 # -- the interpreter ---------------------------------------------------------------------------------
 
 
-class _RegionMode(TorchFunctionMode):
-    """A mode that belongs to one region."""
+_DEFAULT_RULES: dict[tuple[frozenset[str], ...], _vma.Rule] = {}  # operand types -> the default rule's answer
+
+
+def _default_rule(operands: list[frozenset[str]]) -> _vma.Rule:
+    key = tuple(operands)
+    rule = _DEFAULT_RULES.get(key)
+    if rule is None:
+        rule = _DEFAULT_RULES[key] = _vma.default_rule(operands)
+    return rule
+
+
+class _TypedMode(TorchFunctionMode):
+    """Types every torch op of one region: the table's exception or the default rule, casts first.
+
+    The common op (tensors and scalars, positional or scalar keyword arguments, nothing written,
+    nothing drawn) whose tensor operands all have one type costs one table lookup and one type
+    read per operand: its result has that type and nothing is cast.
+    """
 
     def __init__(self, region: _Region) -> None:
         super().__init__()
         self.region = region
 
-
-class _TypedMode(_RegionMode):
-    """Types every torch op of the region: the table's exception or the default rule, casts first."""
-
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
         kind = op_kind(func)  # a constant of the trace under torch.compile
+        region = self.region
+        if kind.role == "op" and not kind.random and not kind.writes_first and not region.traced:
+            same = _one_type(region, args, kwargs)
+            if same is not None:
+                out = func(*args, **kwargs) if kwargs else func(*args)
+                if same:
+                    region.record(out, same)
+                return out
+        return self._typed(func, kind, args, kwargs or {})
+
+    def _typed(self, func: Any, kind: Any, args: tuple, kwargs: dict) -> Any:
+        region = self.region
         if kind.role == "pass":
             return func(*args, **kwargs)
-        region = self.region
         if kind.role == "collective":
-            return region.collective(func, COLLECTIVES[func], args, kwargs)
+            rec = C.COLLECTIVES[func]
+            mesh = kwargs.pop("mesh", None)
+            x, axis = args if rec.operand else (None, args[0])
+            return region.collective(rec, x, axis, mesh, kwargs)
+        if kind.role == "raw collective":
+            raise _vma.VmaError(
+                f"`{kind.name}` (torch.distributed) writes a result whose type a typed shard_map region cannot "
+                f"know: it would leave a tensor typed invariant while its values differ across ranks; use "
+                f"{C.RAW[func]} by axis name instead, or run this region with check_vma=False")
         flat, tree = _operands(args, kwargs)
         positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
         operands = [region.type_of(flat[i]) for i in positions]
@@ -182,7 +240,7 @@ class _TypedMode(_RegionMode):
             region.random = True
             rule = _vma.random_rule(operands, region.axes)
         else:
-            rule = _vma.default_rule(operands)
+            rule = _default_rule(operands)
         written = written_operand(func, args, kwargs)
         if written is not None:
             _vma.check_write(kind.name, region.type_of(written), rule.result,
@@ -197,6 +255,27 @@ class _TypedMode(_RegionMode):
         return out
 
 
+def _one_type(region: _Region, args: tuple, kwargs: dict | None) -> frozenset[str] | None:
+    """The one type of the tensor operands of a flat call (``_NOTHING`` with none); ``None`` when they
+    differ, or when an argument is a container or writes (``out=``, ``inplace=True``): the general path."""
+    same = None
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            tag = getattr(a, _TAG, None)
+            t = tag.axes if tag is not None and tag.region is region else _NOTHING
+            if same is None:
+                same = t
+            elif t is not same and t != same:
+                return None
+        elif isinstance(a, (list, tuple, dict)):
+            return None
+    if kwargs:
+        for k, v in kwargs.items():
+            if isinstance(v, (torch.Tensor, list, tuple, dict)) or k == "inplace":
+                return None
+    return _NOTHING if same is None else same
+
+
 def _operands(args: tuple, kwargs: dict) -> tuple[list[Any], Any]:
     """Every argument of an op, flat, and the tree to rebuild them (``None``: ``args`` as they are).
 
@@ -206,16 +285,6 @@ def _operands(args: tuple, kwargs: dict) -> tuple[list[Any], Any]:
             isinstance(v, (torch.Tensor, list, tuple, dict)) for v in kwargs.values()):
         return list(args), None
     return _torch.pytree.tree_flatten((args, kwargs))
-
-
-class _UntypedMode(_RegionMode):
-    """An untyped region sees only the collectives (their untyped gradients); every other op runs as is."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if op_kind(func).role == "collective":
-            return self.region.collective(func, COLLECTIVES[func], args, kwargs)
-        return func(*args, **kwargs)
 
 
 # -- the public API -------------------------------------------------------------------------------------
@@ -231,7 +300,7 @@ def typeof(t: torch.Tensor) -> _vma.AxisTypes:
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(requires("typeof", "a torch.Tensor", "t", t))
-    region = _current_region()
+    region = C.current_region()
     if region is None or not region.check_vma:
         raise MeshError("`typeof` requires an enclosing shard_map region with check_vma=True, but got "
                         + ("a region with check_vma=False" if region is not None else "none"))
@@ -248,7 +317,7 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
         out_specs: a ``PartitionSpec`` per result, or any pytree prefix of the results.
         mesh: a ``RealizedMesh``; ``None`` = the current ``with rm:`` mesh, at call time.
         check_vma: track which axes each tensor varies over, insert the implicit ``pvary``s and
-            check the results against out_specs (DESIGN.md §10); ``False`` trusts out_specs.
+            check the results against out_specs (docs/shard_map.md); ``False`` trusts out_specs.
 
     Returns:
         The mapped function: DTensor or full-tensor arguments in, DTensors out.
@@ -280,27 +349,23 @@ def _call(f: Callable[..., Any], mesh: RealizedMesh | None, check_vma: bool, in_
           args: tuple) -> Any:
     rm = resolve_mesh("shard_map", mesh)
     if rm.coordinate is None:
-        raise MeshError(requires("shard_map", "a rank that belongs to the mesh", "rank", rm.rank,
-                                 f"devices {rm.mesh.device_list.describe()}"), mesh=rm.mesh)
-    if _current_region() is not None:
+        raise C.member_error("shard_map", rm)
+    if C.current_region() is not None:
         raise MeshError("`shard_map` requires no enclosing shard_map region (nested regions are not "
                         "supported), but got one; call the inner function directly")
     region = _Region(rm, check_vma)
-    local = _enter_all(region, args, in_specs)
-    compiling = torch.compiler.is_compiling()
-    if compiling:
-        _COMPILED.append(region)
-    else:
-        token = _REGION.set(region)
     try:
-        with (_TypedMode if check_vma else _UntypedMode)(region):
-            out = f(*local)
+        local = _enter_all(region, args, in_specs)
+        with C.open_region(region):
+            if check_vma:  # typed: a mode sees every op
+                with _TypedMode(region):
+                    out = f(*local)
+            else:  # untyped: plain torch; only the collectives ask for the region
+                out = f(*local)
+        return _exit_all(region, out, out_specs)
     finally:
-        if compiling:
-            _COMPILED.pop()
-        else:
-            _REGION.reset(token)
-    return _exit_all(region, out, out_specs)
+        for t in region.entered:  # the arguments' tensors carry no type out of the region
+            region.forget(t)
 
 
 @torch.compiler.assume_constant_result
@@ -443,8 +508,9 @@ def _enter_all(region: _Region, args: tuple, in_specs: Any) -> list[Any]:
             plan = _plan(region, spec)
             _check_shape(rm, path, leaf.shape, spec, plan)
             leaf = _enter(region, path, leaf, plan)
-            if region.check_vma:
+            if region.check_vma and plan.axes:
                 region.record(leaf, plan.axes)
+                region.entered.append(leaf)
         leaves.append(leaf)
     return list(_rebuild(leaves, tree if tree is not None else ()))
 
@@ -467,7 +533,7 @@ def _enter(region: _Region, path: str, value: torch.Tensor, plan: _Plan) -> torc
             local = C.local_block(local, axes, dim, mesh=rm)
     # untyped: psum the cotangent over the unnamed axes (JAX's convention; typed, the rules make it
     # invariant there already)
-    return C.pvary(local, plan.unnamed, mesh=rm) if plan.unnamed else local
+    return C.PVARY.run(C.bind(C.PVARY, local, plan.unnamed, rm, {})) if plan.unnamed else local
 
 
 def _describe(value: DTensor) -> str:
@@ -487,7 +553,7 @@ def _exit_all(region: _Region, out: Any, out_specs: Any) -> Any:
                 plan = _plan(region, spec)
                 varying, named = region.type_of(leaf), plan.axes
                 if varying - named:
-                    failures.append((path, varying, named, plan.spec))
+                    failures.append((path, varying, named, plan.spec, _made_by(region, leaf, varying - named)))
         if failures:
             raise _vma.out_specs_error(failures, rm.mesh.axis_names, region.random)
     leaves = []
@@ -501,18 +567,28 @@ def _exit_all(region: _Region, out: Any, out_specs: Any) -> Any:
     return _rebuild(leaves, tree)
 
 
+def _made_by(region: _Region, leaf: torch.Tensor, extra: frozenset[str]) -> str | None:
+    """The fix for a result that an ``all_gather(to="varying")`` over the extra axes made: its invariant form."""
+    source = region.sources.get(leaf)
+    if source is None:
+        return None
+    api, names, params = source
+    if api != "all_gather" or params.get("to") != "varying" or not extra <= frozenset(names):
+        return None
+    axis = names[0] if len(names) == 1 else names
+    return f"gather with all_gather(x, {axis!r}, to='invariant') instead (every member then holds the same value)"
+
+
 def _exit(region: _Region, local: torch.Tensor, plan: _Plan) -> DTensor:
     rm = region.rm
     if region.check_vma:
         missing = plan.axes - region.type_of(local)
+        region.forget(local)
         if missing:  # invariant over a named axis: copies are concatenated, so the cotangent sums
-            local = C.pvary(local, tuple(sorted(missing)), mesh=rm)
+            local = C.PVARY.run(C.bind(C.PVARY, local, tuple(sorted(missing)), rm, {}))
     elif plan.unnamed:
         local = _Scale.apply(local, 1.0 / _size(rm, plan.unnamed))
     # the global shape: each dim's local size times the size of its axes; contiguous strides
     shape = [n * plan.sizes[d] if d < len(plan.sizes) else n for d, n in enumerate(local.shape)]
-    stride = [1] * len(shape)
-    for d in range(len(shape) - 2, -1, -1):
-        stride[d] = stride[d + 1] * shape[d + 1]
     return DTensor.from_local(local, rm.device_mesh, plan.placements, run_check=False, shape=torch.Size(shape),
-                              stride=tuple(stride))
+                              stride=row_major_strides(shape))

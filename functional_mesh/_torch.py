@@ -96,25 +96,51 @@ def from_placements(api: str, placements: Sequence[Any], mesh: Any = None) -> Pl
 
 _C10D = torch.ops._c10d_functional  # functional collectives by group name: what torch.compile traces
 
+# Each collective below takes ``group``: a group *name* (a str) under torch.compile, where torch's
+# functional collectives trace (a constant of the graph), or the ProcessGroup itself eagerly,
+# where the plain c10d call into a new buffer is what a user would write by hand and costs
+# nothing more (the functional form adds a dispatch and a ``wait_tensor`` per call). Same values
+# either way; ``x`` is contiguous where a dim-0 block layout matters.
 
-def all_reduce(x: torch.Tensor, name: str) -> torch.Tensor:
-    """The sum over the group named ``name`` (a new tensor)."""
-    return _C10D.wait_tensor(_C10D.all_reduce(x, "sum", name))
+
+def all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
+    """The sum over ``group`` (a new tensor).
+
+    Eagerly the result is a clone of ``x`` reduced in place: its gradient is the clone's, the
+    identity, which is psum's own backward; the in-place reduction goes through a detached alias.
+    """
+    if isinstance(group, str):
+        return _C10D.wait_tensor(_C10D.all_reduce(x, "sum", group))
+    y = x.clone(memory_format=torch.contiguous_format)
+    dist.all_reduce(y.detach() if y.requires_grad else y, group=group)
+    return y
 
 
-def all_gather(x: torch.Tensor, n: int, name: str) -> torch.Tensor:
+def all_gather(x: torch.Tensor, n: int, group: Any) -> torch.Tensor:
     """Every member's ``x`` concatenated along dim 0, in group-rank order."""
-    return _C10D.wait_tensor(_C10D.all_gather_into_tensor(x, n, name))
+    if isinstance(group, str):
+        return _C10D.wait_tensor(_C10D.all_gather_into_tensor(x, n, group))
+    out = x.new_empty((n * x.shape[0], *x.shape[1:]))
+    dist.all_gather_into_tensor(out, x, group=group)
+    return out
 
 
-def reduce_scatter(x: torch.Tensor, n: int, name: str) -> torch.Tensor:
+def reduce_scatter(x: torch.Tensor, n: int, group: Any) -> torch.Tensor:
     """The sum over the group, this member's ``1/n`` block of dim 0."""
-    return _C10D.wait_tensor(_C10D.reduce_scatter_tensor(x, "sum", n, name))
+    if isinstance(group, str):
+        return _C10D.wait_tensor(_C10D.reduce_scatter_tensor(x, "sum", n, group))
+    out = x.new_empty((x.shape[0] // n, *x.shape[1:]))
+    dist.reduce_scatter_tensor(out, x, group=group)
+    return out
 
 
-def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], name: str) -> torch.Tensor:
+def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any) -> torch.Tensor:
     """Block ``j`` of dim 0 (``in_splits[j]`` rows) to member ``j``; arrivals in member order."""
-    return _C10D.wait_tensor(_C10D.all_to_all_single(x, out_splits, in_splits, name))
+    if isinstance(group, str):
+        return _C10D.wait_tensor(_C10D.all_to_all_single(x, out_splits, in_splits, group))
+    out = x.new_empty((sum(out_splits), *x.shape[1:]))
+    dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+    return out
 
 
 def group_name(pg: Any) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ._errors import MeshError
 
@@ -168,18 +169,21 @@ def op_error(op: str, operands: Sequence[tuple[object, frozenset[str]]], why: st
     return VmaError(f"`{op}` cannot be typed inside shard_map: {why}; operands: {described or 'none'}")
 
 
-def out_specs_error(failures: Sequence[tuple[str, frozenset[str], frozenset[str], object]],
-                    mesh_axes: Sequence[str], random: bool = False) -> VmaError:
+def out_specs_error(failures: Sequence[tuple[Any, ...]], mesh_axes: Sequence[str], random: bool = False) -> VmaError:
     """Every result that still varies over an axis its out_spec does not name, then the fix.
+
+    ``failures``: ``(path, varying, named, spec)`` per result, and optionally the fix to suggest
+    when the generic one would mislead (a result an ``all_gather`` made: its invariant form).
 
     ``random``: the region drew random numbers, which vary over every axis; the message says so.
     """
     lines = []
-    for path, varying, named, spec in failures:
+    for path, varying, named, spec, *fix in failures:
         extra = sorted(varying - named)
         axes = ", ".join(repr(a) for a in extra)
+        how = fix[0] if fix and fix[0] else f"psum or all_gather over {axes}"
         lines.append(f"  {path}: varies over {set_repr(varying)}, but its out_spec {spec} does not name {axes}; "
-                     f"psum or all_gather over {axes}, or name {axes} in out_specs")
+                     f"{how}, or name {axes} in out_specs")
     if random:
         lines.append("  (this region ran random ops such as torch.rand, dropout or normal_: they vary over every mesh "
                      "axis, because each rank draws from its own generator; draw the numbers outside the region and "

@@ -296,3 +296,63 @@ def leak(check_vma: bool) -> tuple:
 def test_nothing_leaks_out_of_a_region(w4, check_vma):
     for res in w4.run(leak, check_vma):
         assert res == (None, False, [])
+
+
+# -- what a review found: hints that named the wrong fix or the wrong mesh, raw torch.distributed --------
+
+
+def review_findings() -> dict:
+    import torch.distributed as dist
+
+    rm = realize()
+    x = full((4, 4))
+    res = {}
+    # a region over a selection: an axis of the bigger mesh is not one of the region's
+    res["axis outside the region"] = outcome(lambda: fm.shard_map(lambda v: fm.psum(v, "x"), in_specs=P(),
+                                                                  out_specs=P(), mesh=rm["y"])(x))
+    # an all_gather's result under out_specs=P(): the fix is its invariant form, not another all_gather
+    res["gather hint"] = outcome(lambda: fm.shard_map(lambda v: fm.all_gather(v, "x"), in_specs=P("x"),
+                                                      out_specs=P(), mesh=rm)(x))
+    res["gather hint, invariant"] = outcome(lambda: fm.shard_map(lambda v: fm.all_gather(v, "x", to="invariant"),
+                                                                 in_specs=P("x"), out_specs=P(),
+                                                                 mesh=rm)(x).full_tensor())
+    group = rm.group("x")
+
+    def raw_all_reduce(v):
+        t = v * 1
+        dist.all_reduce(t, group=group)
+        return t
+
+    def raw_all_to_all(v):
+        out = torch.empty_like(v)
+        dist.all_to_all_single(out, v, group=group)
+        return out
+
+    for name, body in (("raw all_reduce", raw_all_reduce), ("raw all_to_all_single", raw_all_to_all)):
+        res[name] = outcome(lambda body=body: fm.shard_map(body, in_specs=P("x"), out_specs=P(), mesh=rm)(x))
+        # untyped: trusted, as in JAX (the values are what torch computes)
+        res[name + ", untyped"] = outcome(lambda body=body: fm.shard_map(
+            body, in_specs=P("x"), out_specs=P("x"), mesh=rm, check_vma=False)(x).full_tensor())
+    return res
+
+
+def test_review_findings_region_hints_and_raw_torch_distributed(w4):
+    x = full((4, 4))
+    for res in w4.run(review_findings):
+        kind, message = res["axis outside the region"]
+        assert kind == "UnknownAxisError", message
+        assert "inside shard_map over Mesh(" in message and "a selection of (x, y)" in message, message
+        assert "did you mean" not in message, message
+        kind, message = res["gather hint"]
+        assert kind == "VmaError", message
+        assert "all_gather(x, 'x', to='invariant')" in message, message
+        assert "psum or all_gather over 'x'" not in message, message
+        kind, value = res["gather hint, invariant"]
+        assert kind == "ok" and torch.equal(value, x), value
+        for name, advice in (("raw all_reduce", "fm.psum"), ("raw all_to_all_single", "fm.ragged_all_to_all")):
+            kind, message = res[name]
+            assert kind == "VmaError" and advice in message and "check_vma=False" in message, (name, message)
+        kind, value = res["raw all_reduce, untyped"]  # each x-row block summed over x: both blocks the sum
+        assert kind == "ok" and torch.allclose(value, torch.cat([x[:2] + x[2:]] * 2)), value
+        kind, value = res["raw all_to_all_single, untyped"]  # rows of the two blocks swapped pairwise
+        assert kind == "ok" and torch.equal(value, x[[0, 2, 1, 3]]), value

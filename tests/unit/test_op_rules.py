@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import functional_mesh as fm
+from functional_mesh import _collectives as C
 from functional_mesh import _op_rules as R
 
 
@@ -20,8 +21,22 @@ def test_a_second_rule_for_a_key_is_an_error():
 def test_every_spelling_of_an_op_is_registered_once():
     keys = list(R.registered())
     assert len(keys) == len(set(keys))
-    assert {fm.psum, fm.pmean, fm.pvary, fm.pcast, fm.all_gather, fm.psum_scatter, fm.all_to_all, fm.ppermute,
-            fm.axis_index, fm.axis_size} <= set(R.COLLECTIVES)
+    ours = {fm.psum, fm.pmean, fm.pvary, fm.pcast, fm.all_gather, fm.psum_scatter, fm.all_to_all,
+            fm.ragged_all_to_all, fm.ppermute, fm.axis_index, fm.axis_size}
+    assert set(C.COLLECTIVES) == ours  # one record per public collective, and no other
+    assert {C.COLLECTIVES[f].name for f in ours} == {f.__name__ for f in ours}
+    assert all(R.op_kind(f).role == "collective" for f in ours)
+
+
+def test_torch_distributed_collectives_are_known_as_raw_with_the_collective_to_use_instead():
+    import torch.distributed as dist
+
+    expected = {dist.all_reduce: "fm.psum", dist.all_gather_into_tensor: "fm.all_gather",
+                dist.reduce_scatter_tensor: "fm.psum_scatter", dist.all_to_all_single: "fm.ragged_all_to_all",
+                dist.broadcast: "fm.ppermute", dist.send: "fm.ppermute", dist.isend: "fm.ppermute"}
+    for func, advice in expected.items():
+        assert R.op_kind(func).role == "raw collective", func
+        assert advice in C.RAW[func], (func, C.RAW[func])
 
 
 @pytest.mark.parametrize(("call", "written"), [
