@@ -82,6 +82,7 @@ def parse_args() -> argparse.Namespace:
 def cpu_workarounds() -> None:
     """Make torchtitan 0.3.0 run on CPU workers with gloo."""
     import torchtitan.distributed.parallel_dims as titan_parallel_dims
+    import torchtitan.models.common.attention as titan_attention
     import torchtitan.tools.utils as titan_utils
     from torchtitan.models.common.attention import FlexAttention
 
@@ -93,6 +94,12 @@ def cpu_workarounds() -> None:
     # CPU WORKAROUND: FlexAttention runs torch.compile(flex_attention), which has no backward on
     # CPU in torch 2.13: the same masked attention through scaled_dot_product_attention.
     FlexAttention._compiled_flex_attn = _flex_attention_as_sdpa
+    # CPU WORKAROUND (time only): torchtitan builds its block masks with torch.compile(create_block_mask),
+    # ~16 s of tracing per process on first use (more with 8 processes on 2 cores) for a tiny mask.
+    # The eager create_block_mask builds the same BlockMask: the losses do not change.
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    titan_attention._compiled_create_block_mask = create_block_mask
     # Not a workaround, quiet: DTensor notes once per rank that its random ops are meant for GPUs.
     warnings.filterwarnings("ignore", message=r"DTensor .* may not have complete support on cpu device mesh")
 

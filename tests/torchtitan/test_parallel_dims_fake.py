@@ -34,7 +34,11 @@ DEGREES = [  # (dp_replicate, dp_shard, cp, tp, pp, ep)
     (1, 2, 2, 2, 1, 1),  # FSDP x CP x TP: FSDP2 flattens dp_shard x cp itself
     (2, 2, 2, 1, 1, 1),
     (1, 4, 1, 2, 1, 2),  # EP: efsdp and ep get real groups
-    (1, 2, 1, 2, 2, 1),  # PP
+    (2, 4, 1, 1, 1, 2),  # HSDP x EP: the gloo suite's MoE case; sparse (dp_replicate 2, efsdp 2, ep 2)
+    (1, 2, 1, 2, 2, 1),  # PP: the gloo suite's pipeline case
+    (2, 2, 1, 1, 2, 1),  # PP x HSDP
+    (1, 2, 1, 2, 2, 2),  # PP x EP: the sparse view with every axis but dp_replicate
+    (1, 4, 2, 1, 1, 4),  # CP x EP: ep borrows from dp_shard x cp
     (1, 8, 1, 1, 1, 1),
     (1, 1, 1, 8, 1, 1),
 ]
@@ -70,7 +74,11 @@ def describe(pd) -> dict:
     def mesh(dm, real: tuple[str, ...]) -> tuple:
         names = tuple(dm.mesh_dim_names)
         members = tuple(tuple(dist.get_process_group_ranks(dm.get_group(n))) if n in real else None for n in names)
-        return names, dm.mesh.tolist(), dm.get_coordinate(), members
+        # The layout: what a pipeline stage compares when it rebuilds a DTensor's mesh by name (pipeline_llm's
+        # get_mesh). Not for "loss", a mesh no DTensor lives on: ours is a root over its ranks (stride 1),
+        # torchtitan's a flatten of its world root (stride 2 when it skips ranks); same ranks, same groups.
+        layout = None if names == ("loss_mesh",) else repr(dm._layout)
+        return names, dm.mesh.tolist(), dm.get_coordinate(), members, layout
 
     def real_of(dm) -> tuple[str, ...]:
         return tuple(n for n in dm.mesh_dim_names

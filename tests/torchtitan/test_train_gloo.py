@@ -1,15 +1,21 @@
-"""torchtitan 0.3.0's llama3, trained on 8 gloo workers with torchtitan's meshes and with ours.
+"""torchtitan 0.3.0's models, trained on 8 gloo workers with torchtitan's meshes and with ours.
 
-Each run is one ``torchrun --nproc_per_node=8`` of _worker.py: llama3 at dim 64, 2 layers, vocab
-256, 4 AdamW steps from fixed seeds and batches; HSDP 2 x 2 x TP 2 (sequence 32) under
-"partial_dtensor", "full_dtensor" and "spmd_types", and HSDP 2 x CP 2 x TP 2 (sequence 256) under
-"partial_dtensor". Per case, the two runs must give bit-identical losses and gradient norms on
-every rank, and ours must make fewer process groups: each distinct rank set once, never one during
-training (torch finds ours), and no more than torchtitan's distinct real rank sets (the axes it
-keeps on its fake backend get none).
+Each run is one ``torchrun --nproc_per_node=8`` of _worker.py, 4 AdamW steps from fixed seeds and
+batches, with torchtitan's own parallelize functions and training step:
 
-~40-60 s per run on the two shared cores (most of it 8 processes importing torch and torchtitan);
-8 runs in all; ``FM_TITAN_CASES=spmd_types`` runs only the cases it names. Not part of
+- llama3 at dim 64, 2 layers, vocab 256: HSDP 2 x 2 x TP 2 (sequence 32) under "partial_dtensor",
+  "full_dtensor" and "spmd_types"; HSDP 2 x CP 2 x TP 2 (sequence 256) under "partial_dtensor";
+  PP 2 (its 1F1B schedule, 2 microbatches) x FSDP 2 x TP 2 under "partial_dtensor";
+- deepseek_v3, its "debugmodel" at CPU widths (8 routed + 2 shared experts, top-3): EP 2 with HSDP
+  2 x 4 under "partial_dtensor", tokens exchanged by torchtitan's all-to-all dispatcher over "ep".
+
+Per case, the two runs must give bit-identical losses and gradient norms on every rank, and ours
+must make fewer process groups: each distinct rank set once, never one during training (torch
+finds ours), and no more than torchtitan's distinct real rank sets (the axes it keeps on its fake
+backend get none).
+
+~45-65 s per run on the two shared cores (most of it 8 processes importing torch and torchtitan);
+``FM_TITAN_CASES=partial_dtensor-ep,partial_dtensor-pp`` runs only the cases it names. Not part of
 ``make test``: ``make test-torchtitan`` builds its venv and runs it (docs/torchtitan.md).
 """
 
@@ -36,12 +42,19 @@ NPROC = 8
 HSDP_TP = {"dp_replicate": 2, "dp_shard": 2, "cp": 1, "tp": 2, "seq": 32}
 # context parallelism over flex attention needs a sequence divisible by cp * 128 (its block size)
 HSDP_CP_TP = {"dp_replicate": 2, "dp_shard": 1, "cp": 2, "tp": 2, "seq": 256}
+# expert parallelism: the sparse view is (dp_replicate 2, efsdp 2, ep 2), the dense one HSDP 2 x 4
+HSDP_EP = {"model": "deepseek_v3", "dp_replicate": 2, "dp_shard": 4, "cp": 1, "tp": 1, "ep": 2, "seq": 32}
+# pipeline parallelism: 2 stages (tok_embeddings + layer 0 | layer 1 + norm + lm_head), 1F1B over
+# 2 microbatches of one row each, FSDP 2 x TP 2 inside each stage
+PP_FSDP_TP = {"pp": 2, "pp_schedule": "1F1B", "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2, "seq": 32}
 CASES = {  # id: (spmd_backend, degrees). full_dtensor + CP runs, but DTensor's redistribute planner
     # spends minutes per step on a 4-D mesh with 8 processes sharing 2 cores: not here.
     "partial_dtensor": ("partial_dtensor", HSDP_TP),
     "full_dtensor": ("full_dtensor", HSDP_TP),
     "partial_dtensor-cp": ("partial_dtensor", HSDP_CP_TP),
     "spmd_types": ("spmd_types", HSDP_TP),  # torchtitan's default backend
+    "partial_dtensor-ep": ("partial_dtensor", HSDP_EP),  # deepseek_v3's MoE
+    "partial_dtensor-pp": ("partial_dtensor", PP_FSDP_TP),  # spmd_types refuses PP (its Trainer raises)
 }
 # FM_TITAN_CASES=spmd_types,full_dtensor runs only those (e.g. one case per torch venv)
 SELECTED = [c for c in os.environ.get("FM_TITAN_CASES", ",".join(CASES)).split(",") if c]
@@ -52,7 +65,7 @@ WORKER_DEADLINE_S = 360
 GROUP_TIMEOUT_S = 120  # every process group's collectives
 
 
-def launch(meshes: str, backend: str, degrees: dict[str, int], out: pathlib.Path) -> dict:
+def launch(meshes: str, backend: str, degrees: dict[str, int | str], out: pathlib.Path) -> dict:
     """One torchrun of the worker; its result.json, or the test fails with the workers' output."""
     # --standalone: a c10d rendezvous on a free local port, so runs never collide
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}",
@@ -101,7 +114,8 @@ def runs(request, tmp_path_factory):
     results = {m: launch(m, backend, degrees, base / m) for m in ("torchtitan", "fm")}
     for meshes, result in results.items():  # shown with -s; docs/torchtitan.md quotes them
         rank0 = result["ranks"][0]
-        losses = [round(float.fromhex(s["loss"]), 6) for s in rank0["steps"]]
+        # the last rank's global losses: with PP, the first stage's ranks hold a placeholder
+        losses = [round(float.fromhex(s["loss"]), 6) for s in result["ranks"][-1]["steps"]]
         print(f"\n{case} {meshes}: {len(rank0['groups'])} group creations on rank 0, losses {losses}, "
               f"build_mesh {rank0['timings']['build_mesh_s']:.2f} s, steps {rank0['timings']['steps_s']:.1f} s, "
               f"torchrun {result['wall_s']:.0f} s")
@@ -117,8 +131,9 @@ def test_losses_and_grad_norms_are_bit_identical(runs):
         assert len(ours[rank]["steps"]) == STEPS
         for step, (a, b) in enumerate(zip(theirs[rank]["steps"], ours[rank]["steps"], strict=True)):
             assert a == b, f"{case} rank {rank} step {step}: torchtitan's meshes {a}, ours {b}"
-    # the global loss is one value: every rank reports it
-    assert len({tuple(s["loss"] for s in r["steps"]) for r in ours}) == 1
+    # the global loss is one value: every rank reports it (with PP, every rank of the last stage)
+    if CASES[case][1].get("pp", 1) == 1:
+        assert len({tuple(s["loss"] for s in r["steps"]) for r in ours}) == 1
 
 
 def test_selected_cases_exist():
@@ -161,3 +176,42 @@ def test_no_more_groups_than_torchtitans_distinct_real_ones(runs):
         assert len(ours) <= bound, (f"{case} rank {rank}: {len(ours)} groups against torchtitan's {bound} distinct "
                                     f"real ones; {len(fake_axis_groups)} of ours for axes torchtitan keeps on its "
                                     f"fake backend: {fake_axis_groups}")
+
+
+@pytest.mark.timeout(2 * LAUNCH_TIMEOUT_S + 60)
+def test_moe_tokens_cross_our_ep_group_in_uneven_all_to_alls(runs):
+    """deepseek_v3 with EP: torchtitan's dispatcher ran its all-to-all with splits over "ep" of our
+    sparse view, with uneven splits (no capacity, nothing dropped), the same splits as on its meshes."""
+    case, results = runs
+    if CASES[case][1].get("ep", 1) == 1:
+        pytest.skip(f"{case} has no expert parallelism")
+    ep = CASES[case][1]["ep"]
+    for rank in range(NPROC):
+        theirs = results["torchtitan"]["ranks"][rank]["token_exchanges"]
+        ours = results["fm"]["ranks"][rank]["token_exchanges"]
+        # one dispatch per MoE layer (2) per step
+        assert len(ours) == 2 * STEPS, ours
+        assert [(e["ranks"], e["input_splits"], e["output_splits"]) for e in ours] == \
+            [(e["ranks"], e["input_splits"], e["output_splits"]) for e in theirs]
+        assert all(e["ours"] is True for e in ours), "the dispatcher's group is not the sparse view's 'ep' group"
+        # ep is the innermost axis of the sparse view: rank r exchanges with its ep neighbours
+        assert all(e["ranks"] == list(range(rank - rank % ep, rank - rank % ep + ep)) for e in ours)
+    splits = [tuple(e["input_splits"]) for r in results["fm"]["ranks"] for e in r["token_exchanges"]]
+    assert any(len(set(s)) > 1 for s in splits), f"every exchange was even: {splits}"
+
+
+@pytest.mark.timeout(2 * LAUNCH_TIMEOUT_S + 60)
+def test_pipeline_stages_split_over_pp(runs):
+    """PP 2: the first stage's ranks (pp coordinate 0) report torchtitan's placeholder loss, -1 per
+    batch rank; the last stage's ranks the real one, equal on all of them."""
+    case, results = runs
+    degrees = CASES[case][1]
+    if degrees.get("pp", 1) == 1:
+        pytest.skip(f"{case} has no pipeline parallelism")
+    stage_size = NPROC // degrees["pp"]
+    batch = degrees["dp_replicate"] * degrees["dp_shard"]
+    ours = results["fm"]["ranks"]
+    first = {tuple(s["loss"] for s in r["steps"]) for r in ours[:stage_size]}
+    last = {tuple(s["loss"] for s in r["steps"]) for r in ours[stage_size:]}
+    assert first == {(float(-batch).hex(),) * STEPS}
+    assert len(last) == 1 and all(float.fromhex(v) > 0 for v in next(iter(last)))
