@@ -46,6 +46,7 @@ HOST = "127.0.0.1"
 STORE_S = 20.0  # store timeout of every worker (≤ 30 s)
 START_S = 60.0  # spawning and joining a world on two busy cores
 MARGIN_S = 6.0  # slack on top of a configured timeout: polling, two busy cores, error unwinding
+STORE_PORT_ENV = "FM_FAULT_TEST_STORE_PORT"  # the test's TCPStore, for workers that re-form the job
 
 
 class Report(NamedTuple):
@@ -83,7 +84,7 @@ class World(NamedTuple):
 
 def _worker(rank: int, world: int, port: int, init_timeout: float, env: dict[str, str], scenario: str,
             args: tuple, conn: mpc.Connection) -> None:
-    os.environ.update({"OMP_NUM_THREADS": "1", **env})
+    os.environ.update({"OMP_NUM_THREADS": "1", STORE_PORT_ENV: str(port), **env})
     torch.set_num_threads(1)
     td = datetime.timedelta
     store = dist.TCPStore(HOST, port, world, is_master=False, timeout=td(seconds=STORE_S))
@@ -120,7 +121,7 @@ def _worker(rank: int, world: int, port: int, init_timeout: float, env: dict[str
 # -- the parent ---------------------------------------------------------------------------------
 
 
-def run_world(world: int, scenario: Callable[..., Any], *args: Any, victim: int, parent_kill: bool = False,
+def run_world(world: int, scenario: Callable[..., Any], *args: Any, victim: int | None, parent_kill: bool = False,
               init_timeout: float = 10.0, env: dict[str, str] | None = None, budget: float = 30.0,
               kill_delay: float = 0.5) -> World:
     """Launch ``world`` gloo workers, run ``scenario(rank, entering, *args)`` on each, collect the survivors.
@@ -174,12 +175,14 @@ def run_world(world: int, scenario: Callable[..., Any], *args: Any, victim: int,
             if len(reports) < len(survivors):
                 mpc.wait([conns[r] for r in survivors if r not in reports], timeout=0.2)
         hung = [r for r in survivors if r not in reports]
-        procs[victim].join(0.5)  # a killed victim is long dead by now; a stuck one is killed below
-        victim_exit = procs[victim].exitcode
+        victim_exit = None
+        if victim is not None:
+            procs[victim].join(0.5)  # a killed victim is long dead by now; a stuck one is killed below
+            victim_exit = procs[victim].exitcode
         phases["run"] = time.monotonic() - t0 - phases["start"]
         return World(reports, killed_at, victim_exit, hung, phases)
     finally:
-        if victim < len(procs) and procs[victim].is_alive():
+        if victim is not None and victim < len(procs) and procs[victim].is_alive():
             procs[victim].kill()  # a stuck victim never leaves by itself
         for conn in conns:
             with contextlib.suppress(OSError):
@@ -275,6 +278,99 @@ def stuck_peer(rank: int, entering: Callable[[], float], victim: int, cases: lis
     return out, first
 
 
+def per_axis_timeouts(rank: int, entering: Callable[[], float], victim: int, timeouts: dict) -> tuple[Any, float]:
+    """(dp=2, tp=2) with a timeout per axis; the victim stops taking part; each survivor psums over
+    dp then tp and records how each ends, then aborts and records how long that took."""
+    mesh = fm.make_mesh((2, 2), ("dp", "tp"))
+    rm = fm.realize(mesh, timeout=timeouts, check=5)
+    for axis in ("dp", "tp"):
+        assert fm.psum(torch.ones(1), axis, mesh=rm).item() == 2  # every group's connections are live
+    if rank == victim:
+        time.sleep(120)  # alive, connections open, never enters a collective again
+    first = entering()
+    out: dict[str, Any] = {}
+    for axis in ("dp", "tp"):
+        start = time.monotonic()
+        try:
+            fm.psum(torch.ones(1), axis, mesh=rm)
+            out[axis] = ("ok", "", time.monotonic() - start)
+        except RuntimeError as e:
+            out[axis] = (type(e).__name__, str(e), time.monotonic() - start)
+    out["abort"] = _abort_and_observe(rm)
+    return out, first
+
+
+def _abort_and_observe(rm: Any) -> dict[str, Any]:
+    """fm.abort(): its duration, and what the handle and the cache say afterwards."""
+    start = time.monotonic()
+    fm.abort()
+    seconds = time.monotonic() - start
+    try:
+        rm.group(rm.mesh.axis_names[0])
+        error = None
+    except fm.MeshError as e:
+        error = str(e)
+    return {"seconds": seconds, "error": error, "cache": tuple(fm.cache_info())}
+
+
+REFORM_LR = 0.1
+
+
+def train_step(rm: Any, w: torch.Tensor, step: int) -> torch.Tensor:
+    """One data-parallel SGD step of a linear model: the global batch split over (dp_replicate, dp_shard)."""
+    axes = ("dp_replicate", "dp_shard")
+    n = rm.mesh.axis_size(axes[0]) * rm.mesh.axis_size(axes[1])
+    gen = torch.Generator().manual_seed(100 + step)
+    x, y = torch.randn(8, 4, generator=gen, dtype=torch.float64), torch.randn(8, 1, generator=gen, dtype=torch.float64)
+    i = rm.coordinate[0] * rm.mesh.axis_size(axes[1]) + rm.coordinate[1]
+    rows = slice(i * 8 // n, (i + 1) * 8 // n)
+    w = w.clone().requires_grad_(True)
+    loss = ((x[rows] @ w - y[rows]) ** 2).sum() / 8
+    (grad,) = torch.autograd.grad(loss, w)
+    return (w - REFORM_LR * fm.psum(grad, axes, mesh=rm)).detach()
+
+
+def lose_a_replica_and_reform(rank: int, entering: Callable[[], float], victim: int, timeout: float) -> tuple[Any, float]:
+    """(dp_replicate=2, dp_shard=2): a step on 4 ranks, then ``victim`` dies before the next one. The
+    survivors fail within the axis timeout, abort, start a new default group of 3 (a new store
+    prefix), realize dp_replicate=1 over the complete replica and train the step again."""
+    mesh = fm.make_mesh((2, 2), ("dp_replicate", "dp_shard"))
+    rm = fm.realize(mesh, timeout=timeout, check=5)
+    w1 = train_step(rm, torch.zeros(4, 1, dtype=torch.float64), 1)
+    if rank == victim:
+        self_kill()
+    start = entering()
+    out: dict[str, Any] = {"w1": w1}
+    try:
+        train_step(rm, w1, 2)
+        out["step2"] = "ok"
+    except RuntimeError as e:
+        out["step2"] = f"{type(e).__name__}: {e}"
+    out["detect_s"] = time.monotonic() - start
+    out["abort"] = _abort_and_observe(rm)
+    # re-form: the job's default group is broken too; the survivors start a new one
+    t = time.monotonic()
+    dist.destroy_process_group()
+    out["destroy_s"] = time.monotonic() - t
+    survivors = [r for r in range(4) if r != victim]
+    base = dist.TCPStore(HOST, int(os.environ[STORE_PORT_ENV]), is_master=False,
+                         timeout=datetime.timedelta(seconds=STORE_S))
+    dist.init_process_group("gloo", store=dist.PrefixStore("reform/1", base), rank=survivors.index(rank),
+                            world_size=len(survivors), timeout=datetime.timedelta(seconds=10))
+    small = fm.make_mesh((1, 2), ("dp_replicate", "dp_shard"), devices=[0, 1])  # the complete replica
+    rm = fm.realize(small, timeout=timeout, check=5)
+    out["w2"] = None if rm.coordinate is None else train_step(rm, w1, 2)
+    out["reform_s"] = time.monotonic() - t
+    return out, start
+
+
+def start_small(rank: int, entering: Callable[[], float], w1: torch.Tensor, timeout: float) -> tuple[Any, float]:
+    """The run that began with the smaller mesh: step 2 from the same weights."""
+    rm = fm.realize(fm.make_mesh((1, 2), ("dp_replicate", "dp_shard")), timeout=timeout, check=5)
+    start = entering()
+    return train_step(rm, w1, 2), start
+
+
 # -- tests ----------------------------------------------------------------------------------------
 
 
@@ -343,14 +439,67 @@ def test_a_rank_killed_inside_a_world_psum_fails_the_others_within_the_default_g
 
 def test_a_stuck_rank_fails_psums_after_the_timeout_of_their_group_not_before():
     # A permuted world axis is a group realize creates: realize's timeout (1.5 s) bounds it. The
-    # ascending world axis is the default group: init_process_group's timeout (3 s) bounds it,
-    # whatever realize's timeout says.
-    cases = [(fm.Mesh.from_ranks([2, 1, 0], ("w",)), "w", 1.5), (fm.make_mesh((3,), ("w",)), "w", 1.5)]
+    # ascending world axis without settings is the default group: init_process_group's timeout (3 s)
+    # bounds it. With a timeout of its own it is a group of its own (was: the default group, with
+    # the default group's timeout, whatever realize's timeout said).
+    world = fm.make_mesh((3,), ("w",))
+    cases = [(fm.Mesh.from_ranks([2, 1, 0], ("w",)), "w", 1.5), (world, "w", None), (world, "w", {"w": 1.5})]
     w = run_world(3, stuck_peer, 1, cases, victim=1, init_timeout=3.0)
     assert not w.hung and sorted(w.reports) == [0, 2]
     for r in w.reports.values():
         assert r.ok, r.describe()
-        (kind1, msg1, s1), (kind2, msg2, s2) = r.value
-        assert kind1 == kind2 == "RuntimeError", r.value
+        (kind1, msg1, s1), (kind2, msg2, s2), (kind3, msg3, s3) = r.value
+        assert kind1 == kind2 == kind3 == "RuntimeError", r.value
         assert "Timed out waiting 1500ms" in msg1 and 1.5 - 0.3 <= s1 <= 1.5 + MARGIN_S, (msg1, s1)
         assert "Timed out waiting 3000ms" in msg2 and 3 - 0.3 <= s2 <= 3 + MARGIN_S, (msg2, s2)
+        assert "Timed out waiting 1500ms" in msg3 and 1.5 - 0.3 <= s3 <= 1.5 + MARGIN_S, (msg3, s3)
+
+
+# -- per-axis timeouts, abort, re-forming the job -------------------------------------------------
+
+
+def test_per_axis_timeouts_bound_each_axis_and_abort_returns_at_once():
+    # rank 3 stops taking part: dp's group (1, 3) gives up after dp's 2 s, tp's group (2, 3) after
+    # tp's 4 s; the others complete. Then every survivor aborts, without a collective.
+    w = run_world(4, per_axis_timeouts, 3, {"dp": 2, "tp": 4}, victim=3, budget=40.0)
+    assert not w.hung and sorted(w.reports) == [0, 1, 2], [r.describe() for r in w.reports.values()]
+    for r in w.reports.values():
+        assert r.ok, r.describe()
+    outcome = {r: {a: w.reports[r].value[a][0] for a in ("dp", "tp")} for r in (0, 1, 2)}
+    assert outcome == {0: {"dp": "ok", "tp": "ok"}, 1: {"dp": "RuntimeError", "tp": "ok"},
+                       2: {"dp": "ok", "tp": "RuntimeError"}}, outcome
+    _, msg, s = w.reports[1].value["dp"]
+    assert "Timed out waiting 2000ms" in msg and 2 - 0.3 <= s <= 2 + MARGIN_S, (msg, s)
+    _, msg, s = w.reports[2].value["tp"]
+    assert "Timed out waiting 4000ms" in msg and 4 - 0.3 <= s <= 4 + MARGIN_S, (msg, s)
+    for r in w.reports.values():
+        aborted = r.value["abort"]
+        assert aborted["seconds"] < 1.0, aborted  # bounded: no collective, no wait on the stuck peer
+        assert aborted["cache"] == (0, 0, 0)
+        assert "whose groups abort() aborted" in aborted["error"], aborted
+
+
+def test_survivors_of_a_lost_replica_abort_reform_and_match_a_run_that_started_small():
+    timeout = 3.0
+    w = run_world(4, lose_a_replica_and_reform, 3, timeout, victim=3, budget=50.0)
+    assert w.victim_exit == -signal.SIGKILL
+    assert not w.hung and sorted(w.reports) == [0, 1, 2], [r.describe() for r in w.reports.values()]
+    for r in w.reports.values():
+        assert r.ok, r.describe()
+        out = r.value
+        assert out["step2"].startswith("RuntimeError") and re.search(GLOO_PEER_GONE, out["step2"]), out["step2"]
+        assert out["detect_s"] <= timeout + MARGIN_S, out["detect_s"]  # within the axis timeout
+        assert out["abort"]["seconds"] < 1.0 and out["abort"]["cache"] == (0, 0, 0), out["abort"]
+        assert "whose groups abort() aborted" in out["abort"]["error"]
+    w1 = w.reports[0].value["w1"]
+    assert all(torch.equal(w.reports[r].value["w1"], w1) for r in (1, 2))
+    assert w.reports[2].value["w2"] is None  # outside the smaller mesh
+    small = run_world(2, start_small, w1, timeout, victim=None)
+    assert not small.hung and all(r.ok for r in small.reports.values()), [r.describe() for r in small.reports.values()]
+    expected = small.reports[0].value
+    assert not torch.equal(expected, w1)  # the step moved the weights
+    for r in (0, 1):
+        assert torch.equal(w.reports[r].value["w2"], expected), (w.reports[r].value["w2"], expected)
+    print("phases:", w.phases, small.phases)
+    print("figures:", {r: {k: round(v, 3) for k, v in w.reports[r].value.items() if k.endswith("_s")}
+                       | {"abort_s": round(w.reports[r].value["abort"]["seconds"], 4)} for r in (0, 1, 2)})
