@@ -60,7 +60,7 @@ from ._agree import _agree, _next_call
 from ._cache import CACHE
 from ._errors import MeshError, requires
 from ._handle import Hop, RealizedMesh, hop_of, index_along, resolve_mesh
-from ._mesh import axis_position
+from ._mesh import axes_size, axis_position
 from ._realize_plan import check_timeout_seconds
 from ._validate import as_bool, as_dim, as_int, as_name_tuple, check_unique
 
@@ -146,9 +146,7 @@ def resolve_axes(api: str, rm: RealizedMesh, axis: object) -> Axes:
     for name in names:
         axis_position(rm.mesh, name, api)  # unknown axis: an error with "did you mean"
     check_unique(api, names, "axis")
-    size = 1
-    for name in names:
-        size *= rm.axis_size(name)
+    size = axes_size(rm, names)
     hops = index = None
     if rm.coordinate is not None:
         index = index_along(rm, names)
@@ -215,14 +213,17 @@ def member_error(api: str, rm: RealizedMesh) -> MeshError:
                               f"devices {rm.mesh.device_list.describe()}"), mesh=rm.mesh)
 
 
-def bind(rec: Collective, x: Any, axis: object, rm: RealizedMesh, params: dict[str, Any]) -> Call:
+def bind(rec: Collective, x: Any, axis: object, rm: RealizedMesh, params: dict[str, Any],
+         traced: bool | None = None) -> Call:
     """Check one call in the order users see its errors: tensor, parameters, axes (the mesh: before)."""
     api = rec.name
     if rec.operand and not isinstance(x, torch.Tensor):
         raise TypeError(requires(api, "a torch.Tensor", "x", x))
     if rec.check_params is not None:
         params = rec.check_params(api, params)
-    return Call(api, rm, x, resolve_axes(api, rm, axis), params, torch.compiler.is_compiling())
+    if traced is None:
+        traced = torch.compiler.is_compiling()
+    return Call(api, rm, x, resolve_axes(api, rm, axis), params, traced)
 
 
 # -- the record ---------------------------------------------------------------------------------------
@@ -258,14 +259,18 @@ def _dispatch(rec: Collective, public: Callable[..., Any], x: Any, axis: object,
     """One public call: a torch function mode (a typed region) or a tensor subclass sees it as one op;
     else the open region (an untyped one) handles it; else the record runs."""
     if rec.operand:
-        if has_torch_function((x,)) or _torch.torch_function_mode_active():
+        if has_torch_function((x,)) or _mode_active():
             return handle_torch_function(public, (x,), x, axis, mesh=mesh, **params)
-    elif _torch.torch_function_mode_active():
+    elif _mode_active():
         return handle_torch_function(public, (), axis, mesh=mesh, **params)
-    region = current_region()
+    traced = torch.compiler.is_compiling()
+    region = (_COMPILED[-1] if _COMPILED else None) if traced else _REGION.get()
     if region is not None:
         return region.collective(rec, x, axis, mesh, params)
-    return rec.run(bind(rec, x, axis, resolve_mesh(rec.name, mesh), params))
+    return rec.run(bind(rec, x, axis, resolve_mesh(rec.name, mesh), params, traced))
+
+
+_mode_active = _torch.torch_function_mode_active
 
 
 def _register(public: Callable[..., Any], rec: Collective) -> Collective:
@@ -314,9 +319,22 @@ class _Check:
                f"functional_mesh/collective/{space}/{n}", participants, rm.rank, request, self.wait_s)
 
 
+# The debug setting is read at every call, from os.environ's own mapping where it has one (CPython:
+# bytes keys on POSIX): a dict lookup, where os.environ.get encodes the key first (~1 us).
+_ENVIRON = getattr(os.environ, "_data", None)
+_ENV_KEY = os.environ.encodekey(CHECK_COLLECTIVES_ENV) if _ENVIRON is not None else None
+
+
+def _setting() -> str | None:
+    if _ENVIRON is None:
+        return os.environ.get(CHECK_COLLECTIVES_ENV)
+    raw = _ENVIRON.get(_ENV_KEY)
+    return None if raw is None else os.environ.decodevalue(raw)
+
+
 def _check(call: Call) -> _Check | None:
     """The debug check of one call, or ``None`` when the mode is off (one environment lookup)."""
-    setting = os.environ.get(CHECK_COLLECTIVES_ENV)
+    setting = _setting()
     if not setting or setting == "0":
         return None
     api, rm = call.api, call.rm

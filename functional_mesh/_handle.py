@@ -19,7 +19,7 @@ from . import _torch
 from ._agree import _restart_numbering
 from ._cache import CACHE, abort_all
 from ._errors import MeshError, requires
-from ._mesh import Mesh, axis_position, select
+from ._mesh import Mesh, axes_size, axis_position, select
 from ._validate import Frozen, as_name_tuple
 
 __all__ = ["Hop", "RealizedMesh", "abort", "current_mesh", "hop_of", "index_along", "resolve_mesh"]
@@ -104,7 +104,7 @@ class RealizedMesh(Frozen):
         coordinate = fields["_coordinate"]
         fields["_sizes"] = dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
         fields["_index"] = {} if coordinate is None else dict(zip(mesh.axis_names, coordinate, strict=True))
-        fields["_hops"] = {key: _hop(key, pg, fields["_sizes"], fields["_index"]) for key, pg in groups.items()}
+        fields["_hops"] = {key: _hop(key, pg, mesh, fields["_sizes"], fields["_index"]) for key, pg in groups.items()}
         for name, value in fields.items():
             object.__setattr__(self, name, value)
 
@@ -311,11 +311,9 @@ class Hop(NamedTuple):
     index: int | None  # this rank's index in it: its coordinate along ``axes``, first axis major
 
 
-def _hop(key: str | tuple[str, ...], pg: Any, sizes: dict[str, int], index: dict[str, int]) -> Hop:
+def _hop(key: str | tuple[str, ...], pg: Any, mesh: Mesh, sizes: dict[str, int], index: dict[str, int]) -> Hop:
     axes = (key,) if isinstance(key, str) else key
-    size = 1
-    for a in axes:
-        size *= sizes[a]
+    size = axes_size(mesh, axes)
     at = _row_major(axes, sizes, index) if index else None
     return Hop(pg, None if pg is None else _torch.group_name(pg), size, axes, at)
 

@@ -45,6 +45,7 @@ from ._errors import MeshError, UnknownAxisError, requires
 from ._handle import RealizedMesh, resolve_mesh
 from ._interop import sharding_of
 from ._layout import row_major_strides
+from ._mesh import axes_size
 from ._op_rules import is_random, op_kind, written_operand
 from ._sharding import NamedSharding, PartitionSpec
 
@@ -83,8 +84,9 @@ class _Region:
         self.traced = torch.compiler.is_compiling()
         self.types: dict[Any, frozenset[str]] = {}  # under torch.compile: traced tensor -> axes
         self.tags: dict[frozenset[str], _Tag] = {}  # eagerly: one tag per type
-        # results of collectives -> (api, axes, params): an out_specs error says what made a result
-        self.sources: Any = {} if self.traced else WeakTensorKeyDictionary()
+        # results of collectives -> (api, axes, params), made on the first one: an out_specs error
+        # says what made a result
+        self.sources: Any = None
         self.random = False  # whether a random op ran (the out_specs error then says why values vary)
         self.entered: list[torch.Tensor] = []  # tensors typed at the boundary (their tags go at exit)
 
@@ -101,9 +103,9 @@ class _Region:
                 if axes:
                     self.types[out] = axes
                 return
-            tag = getattr(out, _TAG, None)
-            if axes or (tag is not None and tag.region is self):
-                setattr(out, _TAG, self._tag(axes))
+            # the instance dict directly: a tensor's setattr costs several times more
+            if axes or getattr(out, _TAG, None) is not None:
+                out.__dict__[_TAG] = self._tag(axes)
             return
         if isinstance(out, (tuple, list)):
             for o in out:
@@ -120,7 +122,7 @@ class _Region:
         if isinstance(t, torch.Tensor) and not self.traced:
             tag = getattr(t, _TAG, None)
             if tag is not None and tag.region is self:
-                delattr(t, _TAG)
+                del t.__dict__[_TAG]
 
     def cast(self, x: torch.Tensor, axes: frozenset[str]) -> torch.Tensor:
         """The implicit ``pvary``: identity forward, ``psum`` over ``axes`` backward."""
@@ -153,6 +155,8 @@ class _Region:
             out = torch.tensor(out, dtype=rec.region_dtype)
         self.record(out, rule.result)
         if isinstance(out, torch.Tensor):
+            if self.sources is None:
+                self.sources = {} if self.traced else WeakTensorKeyDictionary()
             self.sources[out] = (api, call.names, call.params)
         return out
 
@@ -404,31 +408,23 @@ def _prefix(what: str, specs: Any, values: Any) -> list[tuple[str, Any, Partitio
     return [(what + keystr(path), leaf, spec) for (path, leaf), spec in zip(pairs, flat_specs, strict=True)]
 
 
-def _size(rm: RealizedMesh, axes: Sequence[str]) -> int:
-    """The product of the sizes of ``axes`` (a loop: torch.compile traces it)."""
-    size = 1
-    for a in axes:
-        size *= rm.axis_size(a)
-    return size
-
-
 def _spec_axes(spec: PartitionSpec) -> frozenset[str]:
     return frozenset(a for d in range(len(spec)) for a in spec.axes_of(d))
 
 
-def _check_shape(rm: RealizedMesh, path: str, shape: Sequence[int], spec: PartitionSpec, plan: _Plan) -> None:
+def _check_shape(rm: RealizedMesh, path: Any, shape: Sequence[int], spec: PartitionSpec, plan: _Plan) -> None:
     """JAX's rule: the spec fits the rank, and every sharded dim divides evenly over its axes.
 
     Plain arithmetic on the shape: under torch.compile it runs while tracing (on symbolic sizes too).
     """
     if plan.rank > len(shape):
-        raise MeshError(requires("shard_map", f"a value of rank at least {plan.rank} for {path}={spec}", "shape",
+        raise MeshError(requires("shard_map", f"a value of rank at least {plan.rank} for {_path(path)}={spec}", "shape",
                                  tuple(shape)), mesh=rm.mesh)
     for d, k in enumerate(plan.sizes):
         n = shape[d]
         if n % k:
             raise MeshError(
-                f"`shard_map` requires every sharded dim to divide evenly over its mesh axes, but {path}={spec} "
+                f"`shard_map` requires every sharded dim to divide evenly over its mesh axes, but {_path(path)}={spec} "
                 f"maps dim {d} of size {n} (shape {tuple(shape)}) to axes {spec.axes_of(d)} of total size {k}; "
                 f"pad the value to a multiple of {k}, or shard it over other axes", mesh=rm.mesh)
 
@@ -443,10 +439,15 @@ def _leaves(what: str, specs: Any, values: Any) -> tuple[list[tuple[str, Any, Pa
         return [(what, values, specs)], None
     if type(values) is tuple and not any(isinstance(v, (tuple, list, dict)) for v in values):
         if isinstance(specs, PartitionSpec):  # one spec for every value
-            return [(f"{what}[{i}]", v, specs) for i, v in enumerate(values)], ()
+            return [((what, i), v, specs) for i, v in enumerate(values)], ()
         if type(specs) is tuple and len(values) == len(specs) and all(isinstance(p, PartitionSpec) for p in specs):
-            return [(f"{what}[{i}]", v, p) for i, (v, p) in enumerate(zip(values, specs, strict=True))], ()
+            return [((what, i), v, p) for i, (v, p) in enumerate(zip(values, specs, strict=True))], ()
     return _prefix(what, specs, values), _torch.pytree.tree_structure(values)
+
+
+def _path(path: str | tuple[str, int]) -> str:
+    """A leaf's path as messages show it: ``in_specs[1]``, ``out_specs['w']``, ... (made only for messages)."""
+    return path if isinstance(path, str) else f"{path[0]}[{path[1]}]"
 
 
 def _rebuild(leaves: list[Any], tree: Any) -> Any:
@@ -471,7 +472,7 @@ class _Plan:
         self.unnamed = () if check_vma else tuple(a for a in rm.mesh.axis_names if a not in self.axes)
         self.rank = len(spec)
         self.spec = str(spec)  # for messages (torch.compile cannot format a PartitionSpec while tracing)
-        self.sizes = tuple(_size(rm, spec.axes_of(d)) for d in range(len(spec.entries)))
+        self.sizes = tuple(axes_size(rm, spec.axes_of(d)) for d in range(len(spec.entries)))
         self.gathers = tuple((d, spec.axes_of(d)) for d in range(len(spec.entries)) if spec.axes_of(d))
 
 
@@ -496,7 +497,14 @@ def _plan_of(rm: RealizedMesh, entries: tuple[Any, ...], check_vma: bool) -> _Pl
 
 
 def _plan(region: _Region, spec: PartitionSpec) -> _Plan:
-    return _plan_of(region.rm, tuple(spec), region.check_vma)
+    if region.traced:
+        return _plan_of(region.rm, tuple(spec), region.check_vma)
+    memo = region.rm._memo  # eagerly: the handle keeps its plans (one dict lookup per leaf and call)
+    key = (_Plan, spec, region.check_vma)
+    plan = memo.get(key)
+    if plan is None:
+        plan = memo[key] = _plan_of(region.rm, tuple(spec), region.check_vma)
+    return plan
 
 
 def _enter_all(region: _Region, args: tuple, in_specs: Any) -> list[Any]:
@@ -515,13 +523,13 @@ def _enter_all(region: _Region, args: tuple, in_specs: Any) -> list[Any]:
     return list(_rebuild(leaves, tree if tree is not None else ()))
 
 
-def _enter(region: _Region, path: str, value: torch.Tensor, plan: _Plan) -> torch.Tensor:
+def _enter(region: _Region, path: Any, value: torch.Tensor, plan: _Plan) -> torch.Tensor:
     rm = region.rm
     if isinstance(value, DTensor):
         dm = value.device_mesh
         if (dm is not rm.device_mesh and dm != rm.device_mesh) or tuple(value.placements) != plan.placements:
             raise MeshError(
-                f"`shard_map` requires each DTensor argument to be sharded as its in_spec says, but {path} is "
+                f"`shard_map` requires each DTensor argument to be sharded as its in_spec says, but {_path(path)} is "
                 f"{_describe(value)} and its spec asks for {plan.sharding}; call fm.reshard(x, "
                 f"{plan.sharding!r}) first (communication is always explicit)", mesh=rm.mesh)
         local = value.to_local()
@@ -546,20 +554,19 @@ def _describe(value: DTensor) -> str:
 def _exit_all(region: _Region, out: Any, out_specs: Any) -> Any:
     rm = region.rm
     entries, tree = _leaves("out_specs", out_specs, out)
+    plans = [_plan(region, spec) if isinstance(leaf, torch.Tensor) else None for _, leaf, spec in entries]
     if region.check_vma:
         failures = []
-        for path, leaf, spec in entries:
-            if isinstance(leaf, torch.Tensor):
-                plan = _plan(region, spec)
+        for (path, leaf, _), plan in zip(entries, plans, strict=True):
+            if plan is not None:
                 varying, named = region.type_of(leaf), plan.axes
                 if varying - named:
-                    failures.append((path, varying, named, plan.spec, _made_by(region, leaf, varying - named)))
+                    failures.append((_path(path), varying, named, plan.spec, _made_by(region, leaf, varying - named)))
         if failures:
             raise _vma.out_specs_error(failures, rm.mesh.axis_names, region.random)
     leaves = []
-    for path, leaf, spec in entries:
-        if isinstance(leaf, torch.Tensor):
-            plan = _plan(region, spec)
+    for (path, leaf, spec), plan in zip(entries, plans, strict=True):
+        if plan is not None:
             if plan.rank > leaf.ndim:  # a result is local: only the rank rule applies
                 _check_shape(rm, path, leaf.shape, spec, plan)
             leaf = _exit(region, leaf, plan)
@@ -569,7 +576,7 @@ def _exit_all(region: _Region, out: Any, out_specs: Any) -> Any:
 
 def _made_by(region: _Region, leaf: torch.Tensor, extra: frozenset[str]) -> str | None:
     """The fix for a result that an ``all_gather(to="varying")`` over the extra axes made: its invariant form."""
-    source = region.sources.get(leaf)
+    source = None if region.sources is None else region.sources.get(leaf)
     if source is None:
         return None
     api, names, params = source
@@ -587,7 +594,7 @@ def _exit(region: _Region, local: torch.Tensor, plan: _Plan) -> DTensor:
         if missing:  # invariant over a named axis: copies are concatenated, so the cotangent sums
             local = C.PVARY.run(C.bind(C.PVARY, local, tuple(sorted(missing)), rm, {}))
     elif plan.unnamed:
-        local = _Scale.apply(local, 1.0 / _size(rm, plan.unnamed))
+        local = _Scale.apply(local, 1.0 / axes_size(rm, plan.unnamed))
     # the global shape: each dim's local size times the size of its axes; contiguous strides
     shape = [n * plan.sizes[d] if d < len(plan.sizes) else n for d, n in enumerate(local.shape)]
     return DTensor.from_local(local, rm.device_mesh, plan.placements, run_check=False, shape=torch.Size(shape),
