@@ -67,30 +67,38 @@ def alternate(sides: Sequence[str], rounds: int) -> Iterator[str]:
         yield from (sides if r % 2 == 0 else reversed(sides))
 
 
-def rotated_samples(calls: dict[str, Callable[[], Any]], reps: int, warmup: int) -> dict[str, list[int]]:
-    """Per call, ``reps`` timings (ns) of one call each, taken round-robin in a rotating order.
+def rotated_samples(calls: dict[str, Callable[[], Any]], reps: int, warmup: int, *, number: int = 1,
+                    barrier: bool = True, clock: Callable[[], int] | None = None) -> dict[str, list[float]]:
+    """Per call, ``reps`` timings (ns per call) of ``number`` calls each, taken round-robin in a rotating order.
 
-    ``dist.barrier()`` before each call lines the ranks up (a collective's time is the slowest
-    rank's); every series comes first, second, ... equally often; warm-up rounds are dropped;
-    the cyclic GC is off while timing.
+    ``dist.barrier()`` before each block lines the ranks up (a collective's time is the slowest
+    rank's; ``barrier=False`` in one process); every series comes first, second, ... equally
+    often; warm-up rounds are dropped; the cyclic GC is off while timing. ``clock``: wall time
+    (``time.perf_counter_ns``) unless given, e.g. ``time.process_time_ns``, the CPU time of this
+    process, which other jobs on a loaded machine disturb far less.
     """
     import gc
     import time
 
     import torch.distributed as dist
 
+    clock = clock or time.perf_counter_ns
+
     names = list(calls)
-    samples: dict[str, list[int]] = {name: [] for name in names}
+    samples: dict[str, list[float]] = {name: [] for name in names}
     gc.collect()
     gc.disable()
     try:
         for i in range(warmup + reps):
             for name in names[i % len(names):] + names[:i % len(names)]:
-                dist.barrier()
-                t0 = time.perf_counter_ns()
-                calls[name]()
+                call = calls[name]
+                if barrier:
+                    dist.barrier()
+                t0 = clock()
+                for _ in range(number):
+                    call()
                 if i >= warmup:
-                    samples[name].append(time.perf_counter_ns() - t0)
+                    samples[name].append((clock() - t0) / number)
     finally:
         gc.enable()
     return samples

@@ -46,13 +46,15 @@ class Run:
 
 @dataclass(frozen=True)
 class Table:
-    """A table of a run; each of ``ratios``, ``(numerator, denominator, header)``, adds a column."""
+    """A table of a run; each of ``ratios``, ``(numerator, denominator, header)``, adds a column, and
+    so does each of ``differences``, ``(minuend, subtrahend, header)``, in the columns' unit."""
 
     bench: str
     key: str
     title: str
     row_header: str
     ratios: tuple[tuple[str, str, str], ...] = ()
+    differences: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,18 @@ def start_run(bench: str) -> Run:
                load=f"{os.getloadavg()[0]:.2f}")
 
 
+def revision() -> str:
+    """The tree measured: its commit, and whether ``functional_mesh/`` differs from it (work in progress)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--", "functional_mesh")
+    return f"tree: commit {git('rev-parse', '--short', 'HEAD')}" + (
+        ", functional_mesh/ with uncommitted changes" if dirty else "")
+
+
 def finish_run(run: Run, wall_s: float, notes: Sequence[str] = ()) -> Run:
     return dataclasses.replace(run, load=f"{run.load} / {os.getloadavg()[0]:.2f}", wall_s=wall_s,
                                notes=tuple(notes))
@@ -147,7 +161,7 @@ def load(paths: Iterable[Path]) -> list[Run | Table | Result]:
 
 
 def _three(x: float) -> str:
-    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
 
 
 def fmt(value: float, unit: str) -> str:
@@ -186,8 +200,11 @@ def render_table(table: Table, results: Sequence[Result]) -> str:
         for num, den, _ in table.ratios:
             a, b = cell.get((row, num)), cell.get((row, den))
             cells.append(fmt(a.value / b.value, "x") if a and b and b.value else "")
+        for num, den, _ in table.differences:
+            a, b = cell.get((row, num)), cell.get((row, den))
+            cells.append(fmt(a.value - b.value, a.unit) if a and b else "")
         body.append(cells)
-    headers = [table.row_header, *columns, *(header for _, _, header in table.ratios)]
+    headers = [table.row_header, *columns, *(header for _, _, header in (*table.ratios, *table.differences))]
     return f"### {table.title}\n\n{markdown(headers, body)}"
 
 

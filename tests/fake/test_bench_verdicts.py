@@ -9,7 +9,11 @@ checked here:
   repeats, none missing, ``cache_info().groups`` agrees), and torch's ``DeviceMesh`` doing the
   same steps asks for the same rank sets, at least as many times;
 - every operation the transforms benchmark times on both sides gives the same groups,
-  coordinates and process-group members as torch's ``DeviceMesh``.
+  coordinates and process-group members as torch's ``DeviceMesh``;
+- ``benchmarks/bench_collectives.py`` and ``bench_eager.py`` time each collective against "the raw
+  c10d call it makes", and a transformer block in ``shard_map`` against the same block by hand:
+  each pair makes the same ``torch.distributed`` calls (function, group, bytes sent to and
+  received from each member), so what they time apart is dispatch.
 
 Expected rank sets come from ``mesh[axis].groups()`` of the pure meshes or from torch itself.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,8 +30,10 @@ import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # registers the "fake" backend
 from torch.distributed import device_mesh
 from torch.distributed import distributed_c10d as c10d
+from torch._C._distributed_c10d import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import functional_mesh as fm
 
@@ -166,3 +173,83 @@ def test_equality_and_hash_of_timed_slices_agree_with_torch(fake_world):
         assert (mesh[a] == mesh[b]) is (dm[a] == dm[b]), (a, b)
         if dm[a] == dm[b]:
             assert hash(mesh[a]) == hash(mesh[b]), (a, b)
+
+
+# -- bench_collectives / bench_eager: ours and the raw call communicate alike ---------------------------
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+class C10dCalls(TorchDispatchMode):
+    """Every c10d operation dispatched (however it was called: ``dist.*`` or the group's own
+    method), as (op, group ranks, elements per member each way for an all-to-all, else the
+    elements of each tensor argument)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "c10d":
+            groups = [ProcessGroup.unbox(a) for a in args
+                      if isinstance(a, torch.ScriptObject) and "ProcessGroup" in str(a._type())]
+            ranks = tuple(dist.get_process_group_ranks(groups[0]))
+            tensors = [t for a in args for t in (a if isinstance(a, list) else [a]) if isinstance(t, torch.Tensor)]
+            if func.name().startswith("c10d::alltoall_base"):
+                out, x, _, out_splits, in_splits = args[:5]
+                shape = tuple(self._per_member(t, splits, len(ranks)) for t, splits in ((x, in_splits), (out, out_splits)))
+            else:
+                shape = tuple(t.numel() for t in tensors)
+            self.calls.append((func.name(), ranks, shape))
+        return func(*args, **(kwargs or {}))
+
+    @staticmethod
+    def _per_member(t: torch.Tensor, splits: list[int], n: int) -> tuple[int, ...]:
+        """Split sizes in rows of dim 0 (empty: equal blocks) as elements per member."""
+        if not splits:
+            return (t.numel() // n,) * n
+        return tuple(k * (t.numel() // max(t.shape[0], 1)) for k in splits)
+
+    def during(self, call) -> list[tuple]:
+        self.calls = []
+        with self:
+            call()
+        return self.calls
+
+
+@pytest.fixture
+def bench_modules(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import bench_collectives
+    import bench_eager
+    return bench_collectives, bench_eager
+
+
+@pytest.mark.parametrize("nbytes", [4 << 10])
+def test_each_collective_and_its_raw_call_make_the_same_c10d_call(fake_world, bench_modules, nbytes):
+    fake_world(8, 5)
+    rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+    pairs = bench_modules[0].pairs(rm, "tp", nbytes)
+    assert set(pairs) >= {"psum", "all_gather", "psum_scatter", "all_to_all", "ragged_all_to_all", "ppermute",
+                          "pvary"}
+    for name, (ours, raw) in pairs.items():
+        seen = [C10dCalls().during(call) for call in (ours, raw)]
+        assert seen[0] == seen[1], name
+        assert len(seen[0]) == (name != "pvary"), name
+        if seen[0]:
+            assert seen[0][0][1] == (4, 5, 6, 7), name  # rank 5's tp group
+
+
+def test_block_by_hand_and_in_shard_map_communicate_alike(fake_world, bench_modules):
+    fake_world(8, 0)
+    rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+    bench_eager = bench_modules[1]
+    calls, _ = bench_eager.block_calls(rm["tp"], "small")
+    assert list(calls) == list(bench_eager.BLOCK)
+    seen = {name: C10dCalls().during(step) for name, step in calls.items()}
+    hand = seen[bench_eager.BLOCK[0]]
+    # forward: gather, scatter, gather, scatter; backward the transposes (4 more)
+    assert [c[0] for c in hand[:4]] == ["c10d::_allgather_base_", "c10d::_reduce_scatter_base_"] * 2
+    assert len(hand) == 8
+    for name, calls_made in seen.items():
+        assert calls_made == hand, name
