@@ -34,6 +34,11 @@ CASES = [
     ("ddp_axis.py", [], ["ddp over dp matches the single-process run to 1e-05"]),
     ("pipeline_ring.py", [], ["pipeline ring matches the single-process composition to 1e-05"]),
     ("shard_map_mlp.py", [], ["losses and final weights match a single process to 1e-05 on every rank"]),
+    # typed, untyped, and compiled with the sizes as Python ints (one step: 8 workers compiling take 85 s at load 30)
+    ("moe_ep.py", ["--steps", "2"], ["check_vma=True", "every gradient match a single process to 1e-05"]),
+    ("moe_ep.py", ["--steps", "2", "--untyped"], ["check_vma=False", "every gradient match a single process to 1e-05"]),
+    ("moe_ep.py", ["--steps", "1", "--compile"], ["compiled=True", "graphs compiled: 1 in 1 steps",
+                                                  "every gradient match a single process to 1e-05"]),
 ]
 
 
@@ -60,7 +65,7 @@ def _torchrun(script: str, args: list[str]) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-@pytest.mark.parametrize(("script", "args", "expected"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("script", "args", "expected"), CASES, ids=[" ".join([c[0], *c[1]]) for c in CASES])
 def test_example_runs_with_torchrun(script: str, args: list[str], expected: list[str]) -> None:
     result = _torchrun(script, args)
     assert result.returncode == 0, (
