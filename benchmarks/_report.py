@@ -116,7 +116,7 @@ def start_run(bench: str) -> Run:
 
 
 def revision() -> str:
-    """The tree measured: its commit, and whether ``functional_mesh/`` differs from it (work in progress)."""
+    """The tree measured (call it at the start): its commit, and whether ``functional_mesh/`` differs from it."""
     import subprocess
 
     def git(*args: str) -> str:

@@ -135,7 +135,7 @@ def main() -> int:
     p.add_argument("--warmup", type=int, help="repetitions dropped first (default 10; quick 3)")
     args = p.parse_args()
     warmup = args.warmup if args.warmup is not None else (3 if args.quick else 10)
-    run, t0 = R.start_run(BENCH), time.perf_counter()
+    run, t0, tree = R.start_run(BENCH), time.perf_counter(), R.revision()
     records: list[Any] = [R.Table(
         BENCH, "collectives", "Each collective vs the raw c10d call it makes (gloo)", "collective, world, mesh, tensor",
         ((SERIES[0], SERIES[1], "fm / raw"), (SERIES[2], SERIES[1], "noise floor: 2nd series / raw")),
@@ -145,7 +145,7 @@ def main() -> int:
         print(f"gloo W={world}: {reps} repetitions ...", file=sys.stderr, flush=True)
         records += results(H.run_pool(__file__, {"fn": "collectives", "reps": reps, "warmup": warmup}, world,
                                       timeout_s=1800))
-    R.write(args.out, [R.finish_run(run, time.perf_counter() - t0, [R.revision()]), *records])
+    R.write(args.out, [R.finish_run(run, time.perf_counter() - t0, [tree]), *records])
     return 0
 
 

@@ -217,7 +217,7 @@ def main() -> int:
     args = p.parse_args()
     reps = args.reps or (50 if args.quick else 300)
     warmup = 5 if args.quick else 20
-    run, t0 = R.start_run(BENCH), time.perf_counter()
+    run, t0, tree = R.start_run(BENCH), time.perf_counter(), R.revision()
     H.init_fake(8, 0)
     torch.set_num_threads(1)
     rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
@@ -245,7 +245,7 @@ def main() -> int:
                        ("block, medium", lambda: block_rows(tp, "medium", max(5, reps // 10), 3))):
         print(f"{what} ...", file=sys.stderr, flush=True)
         records += rows()
-    notes = [R.revision(), "fake backend: collectives carry no data (values meaningless), their dispatch is real"]
+    notes = [tree, "fake backend: collectives carry no data (values meaningless), their dispatch is real"]
     R.write(args.out, [R.finish_run(run, time.perf_counter() - t0, notes), *records])
     return 0
 
