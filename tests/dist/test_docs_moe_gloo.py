@@ -1,0 +1,62 @@
+"""docs/moe.md, checked: its multi-process blocks run as written on 8 gloo workers, its excerpt of
+examples/moe_ep.py is the example's code, and its links lead to headings that exist.
+
+- Every fenced block whose first line is ``# torchrun --nproc_per_node=8`` runs on every rank
+  and checks its own results with ``assert``: the sparse view realized after the dense one makes
+  no group, dispatch and combine by ``fm.ragged_all_to_all`` with their gradients, and the
+  exchange's types inside ``shard_map`` (tensor sizes, the ``VmaError`` for an invariant
+  ``out_specs``).
+- The page's ``>>>`` blocks are doctests of ``make test`` (docs/conftest.py), not run here.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.dist._pool import pool_fixture
+from tests.test_docs_migration_jax import ROOT, torchrun_blocks
+
+w8 = pool_fixture(8)
+
+PAGE = ROOT / "docs" / "moe.md"
+BLOCKS = torchrun_blocks(PAGE)
+EXCERPT_MARK = "# examples/moe_ep.py\n"
+
+
+def run_block(code: str) -> bool:
+    """Run one docs block on this rank, as a script would."""
+    exec(compile(code, "<docs/moe.md block>", "exec"), {"__name__": "__docs_block__"})  # noqa: S102
+    return True
+
+
+def test_the_page_holds_the_blocks_this_module_runs():
+    assert len(BLOCKS) == 3
+    assert any("fm.ragged_all_to_all" in block and "backward()" in block for block in BLOCKS)
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_docs_block_runs_on_8_gloo_workers(w8, index):
+    assert w8.run(run_block, BLOCKS[index], timeout=90) == [True] * 8
+
+
+def test_the_excerpt_is_the_examples_code():
+    blocks = re.findall(r"^```python\n(.*?)^```", PAGE.read_text(), flags=re.S | re.M)
+    excerpts = [b.removeprefix(EXCERPT_MARK) for b in blocks if b.startswith(EXCERPT_MARK)]
+    assert len(excerpts) == 1
+    assert excerpts[0] in (ROOT / "examples" / "moe_ep.py").read_text()
+
+
+def anchor(heading: str) -> str:
+    """The id mkdocs' toc extension gives a heading: lower case, punctuation dropped, spaces to '-'."""
+    text = re.sub(r"[^\w\s-]", "", heading.strip().lower())
+    return re.sub(r"[-\s]+", "-", text).strip("-")
+
+
+def test_links_to_other_pages_lead_to_headings_that_exist():
+    links = re.findall(r"\]\(([a-z_]+\.md)#([\w-]+)\)", PAGE.read_text())
+    assert ("torchtitan.md", "moe-and-expert-parallelism") in links
+    for page, target in links:
+        headings = re.findall(r"^#+ (.+)$", (ROOT / "docs" / page).read_text(), flags=re.M)
+        assert target in {anchor(h) for h in headings}, f"{page}#{target}: no such heading"
