@@ -391,7 +391,9 @@ def _run(step: tuple | None, x: torch.Tensor) -> torch.Tensor:
         out = _torch.all_to_all(chunks, [1] * n, [1] * n, group)  # out[j]: member j's chunk for us
         if split_dim == 0 and concat_dim == 0:
             return out.flatten(0, 1)
-        return torch.cat([out[j].movedim(0, split_dim) for j in range(n)], dim=concat_dim)
+        # out[j] is member j's block with split_dim in front: put it back, then lay the blocks
+        # side by side along concat_dim (member order)
+        return out.movedim(1, split_dim + 1).movedim(0, concat_dim).flatten(concat_dim, concat_dim + 1)
     if kind == "ragged":  # rows of dim 0 by split sizes: sent[j] rows to member j, got[j] from member j
         _, group, sent, got = step
         return _torch.all_to_all(x.contiguous(), list(got), list(sent), group)

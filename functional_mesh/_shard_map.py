@@ -208,6 +208,8 @@ class _TypedMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kind = op_kind(func)  # a constant of the trace under torch.compile
+        if kind.role == "pass":  # metadata and queries: x.shape, x.size(), x.item(), ...
+            return func(*args, **kwargs) if kwargs else func(*args)
         region = self.region
         if kind.role == "op" and not kind.random and not kind.writes_first and not region.traced:
             same = _one_type(region, args, kwargs)
@@ -261,7 +263,8 @@ class _TypedMode(TorchFunctionMode):
 
 def _one_type(region: _Region, args: tuple, kwargs: dict | None) -> frozenset[str] | None:
     """The one type of the tensor operands of a flat call (``_NOTHING`` with none); ``None`` when they
-    differ, or when an argument is a container or writes (``out=``, ``inplace=True``): the general path."""
+    differ, or when an argument is a container of anything but ints (a shape or dims may be) or the
+    call writes (``out=``, ``inplace=True``): the general path."""
     same = None
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -271,12 +274,17 @@ def _one_type(region: _Region, args: tuple, kwargs: dict | None) -> frozenset[st
                 same = t
             elif t is not same and t != same:
                 return None
-        elif isinstance(a, (list, tuple, dict)):
+        elif isinstance(a, (list, tuple)):  # a shape or dims (ints) stays on the fast path
+            for e in a:
+                if not isinstance(e, int):
+                    return None
+        elif isinstance(a, dict):
             return None
     if kwargs:
         for k, v in kwargs.items():
             if isinstance(v, (torch.Tensor, list, tuple, dict)) or k == "inplace":
-                return None
+                if not (isinstance(v, (list, tuple)) and all(isinstance(e, int) for e in v)):
+                    return None
     return _NOTHING if same is None else same
 
 

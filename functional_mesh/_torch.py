@@ -26,8 +26,9 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
 - ``torch._ops.OpOverload``/``OpOverloadPacket`` (``namespace``, ``name()``, ``_qualified_op_name``),
   to tell custom ops from aten ops;
 - ``torch.utils._pytree`` (re-exported here as ``pytree``) for argument trees;
-- ``ProcessGroup.allreduce(tensors, AllreduceOptions())`` eagerly (public binding, what
-  ``dist.all_reduce`` calls after its checks);
+- ``ProcessGroup.allreduce(tensors, AllreduceOptions())``, ``alltoall_base``, ``_allgather_base``
+  and ``_reduce_scatter_base`` eagerly (what ``dist.all_reduce``, ``all_to_all_single``,
+  ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` call after their checks);
 - ``torch.ops._c10d_functional`` (``all_reduce``, ``all_gather_into_tensor``,
   ``reduce_scatter_tensor``, ``all_to_all_single``, ``wait_tensor``): the collectives, by group name;
 - ``torch._C._is_torch_function_mode_enabled()``, to let a ``shard_map`` region see the
@@ -100,9 +101,10 @@ _C10D = torch.ops._c10d_functional  # functional collectives by group name: what
 
 # Each collective below takes ``group``: a group *name* (a str) under torch.compile, where torch's
 # functional collectives trace (a constant of the graph), or the ProcessGroup itself eagerly,
-# where the plain c10d call into a new buffer is what a user would write by hand and costs
-# nothing more (the functional form adds a dispatch and a ``wait_tensor`` per call). Same values
-# either way; ``x`` is contiguous where a dim-0 block layout matters.
+# where the group's own method into a new buffer is what ``dist.*`` calls after its argument
+# checks (ours are made once per handle and axes); the functional form would add a dispatch and a
+# ``wait_tensor`` per call. Complex tensors go through ``dist.*``, which reduces them as pairs of
+# reals. Same values either way; ``x`` is contiguous where a dim-0 block layout matters.
 
 
 def all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
@@ -130,7 +132,10 @@ def all_gather(x: torch.Tensor, n: int, group: Any) -> torch.Tensor:
     if isinstance(group, str):
         return _C10D.wait_tensor(_C10D.all_gather_into_tensor(x, n, group))
     out = x.new_empty((n * x.shape[0], *x.shape[1:]))
-    dist.all_gather_into_tensor(out, x, group=group)
+    if x.is_complex():
+        dist.all_gather_into_tensor(out, x, group=group)
+    else:
+        group._allgather_base(out, x).wait()
     return out
 
 
@@ -139,7 +144,10 @@ def reduce_scatter(x: torch.Tensor, n: int, group: Any) -> torch.Tensor:
     if isinstance(group, str):
         return _C10D.wait_tensor(_C10D.reduce_scatter_tensor(x, "sum", n, group))
     out = x.new_empty((x.shape[0] // n, *x.shape[1:]))
-    dist.reduce_scatter_tensor(out, x, group=group)
+    if x.is_complex():
+        dist.reduce_scatter_tensor(out, x, group=group)
+    else:
+        group._reduce_scatter_base(out, x).wait()  # ReduceOp.SUM by default
     return out
 
 
@@ -148,7 +156,10 @@ def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], gro
     if isinstance(group, str):
         return _C10D.wait_tensor(_C10D.all_to_all_single(x, out_splits, in_splits, group))
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
-    dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+    if x.is_complex():
+        dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+    else:
+        group.alltoall_base(out, x, out_splits, in_splits).wait()
     return out
 
 
