@@ -87,7 +87,7 @@ def current_region() -> Any:
     """The open ``shard_map`` region of this thread/task (under torch.compile: of the trace), or ``None``."""
     if torch.compiler.is_compiling():
         return _COMPILED[-1] if _COMPILED else None
-    return _REGION.get()
+    return _REGION.get() or (_COMPILED[-1] if _COMPILED else None)  # eager code between a compiled region's graphs
 
 
 class open_region:  # noqa: N801 - used as a context manager, like a function
@@ -264,7 +264,8 @@ def _dispatch(rec: Collective, public: Callable[..., Any], x: Any, axis: object,
     elif _mode_active():
         return handle_torch_function(public, (), axis, mesh=mesh, **params)
     traced = torch.compiler.is_compiling()
-    region = (_COMPILED[-1] if _COMPILED else None) if traced else _REGION.get()
+    region = (_COMPILED[-1] if _COMPILED else None) if traced else (_REGION.get() or (_COMPILED[-1] if _COMPILED
+                                                                                      else None))
     if region is not None:
         return region.collective(rec, x, axis, mesh, params)
     return rec.run(bind(rec, x, axis, resolve_mesh(rec.name, mesh), params, traced))
@@ -671,6 +672,10 @@ def _describe_exchange(call: Call) -> str:
 def _sizes(call: Call, what: str, sizes: object, n: int) -> tuple[int, ...]:
     """``sizes`` (a sequence of ints or a 1-D integer tensor) as ``n`` non-negative ints."""
     api = call.api
+    if isinstance(sizes, torch.Tensor) and call.traced:  # its values would be data in the graph
+        raise call.fail("sizes as Python ints under torch.compile (tensor sizes make the result's shape "
+                        "data-dependent; read them with .tolist() before the compiled function)", what,
+                        "a tensor")
     if isinstance(sizes, torch.Tensor):
         if sizes.ndim != 1 or sizes.dtype.is_floating_point or sizes.dtype.is_complex or sizes.dtype == torch.bool:
             raise TypeError(requires(api, f"a 1-D integer tensor or a sequence of ints for {what}", what,

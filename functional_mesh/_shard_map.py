@@ -75,13 +75,14 @@ class _Region:
     and are no part of the compiled code.
     """
 
-    __slots__ = ("rm", "check_vma", "axes", "traced", "types", "tags", "sources", "random", "entered")
+    __slots__ = ("rm", "check_vma", "axes", "traced", "trace", "types", "tags", "sources", "random", "entered")
 
     def __init__(self, rm: RealizedMesh, check_vma: bool) -> None:
         self.rm = rm
         self.check_vma = check_vma
         self.axes = frozenset(rm.mesh.axis_names)
         self.traced = torch.compiler.is_compiling()
+        self.trace = _torch.trace_id() if self.traced else 0  # the trace the types belong to
         self.types: dict[Any, frozenset[str]] = {}  # under torch.compile: traced tensor -> axes
         self.tags: dict[frozenset[str], _Tag] = {}  # eagerly: one tag per type
         # results of collectives -> (api, axes, params), made on the first one: an out_specs error
@@ -110,6 +111,16 @@ class _Region:
         if isinstance(out, (tuple, list)):
             for o in out:
                 self.record(o, axes)
+
+    def check_trace(self, before: str) -> None:
+        """Under torch.compile the types live in one trace: a graph break inside a typed region loses
+        them, and a region that went on would type by guesswork, so it is an error."""
+        if self.traced and self.check_vma and _torch.trace_id() != self.trace:
+            raise MeshError(requires(
+                "shard_map", "a typed region to trace in one graph under torch.compile (its types live in the "
+                "trace)", "a graph break inside the region, before", before)
+                + "; remove the break (torch._dynamo.explain lists it; fullgraph=True refuses it), or run the "
+                "region with check_vma=False")
 
     def _tag(self, axes: frozenset[str]) -> _Tag:
         tag = self.tags.get(axes)
@@ -222,6 +233,7 @@ class _TypedMode(TorchFunctionMode):
 
     def _typed(self, func: Any, kind: Any, args: tuple, kwargs: dict) -> Any:
         region = self.region
+        region.check_trace(kind.name)
         if kind.role == "pass":
             return func(*args, **kwargs)
         if kind.role == "collective":
@@ -564,6 +576,7 @@ def _exit_all(region: _Region, out: Any, out_specs: Any) -> Any:
     entries, tree = _leaves("out_specs", out_specs, out)
     plans = [_plan(region, spec) if isinstance(leaf, torch.Tensor) else None for _, leaf, spec in entries]
     if region.check_vma:
+        region.check_trace("the region's results")
         failures = []
         for (path, leaf, _), plan in zip(entries, plans, strict=True):
             if plan is not None:

@@ -26,6 +26,7 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
 - ``torch._ops.OpOverload``/``OpOverloadPacket`` (``namespace``, ``name()``, ``_qualified_op_name``),
   to tell custom ops from aten ops;
 - ``torch.utils._pytree`` (re-exported here as ``pytree``) for argument trees;
+- ``torch._guards.TracingContext.try_get()``, to tell one trace from the next (:func:`trace_id`);
 - ``ProcessGroup.allreduce(tensors, AllreduceOptions())``, ``alltoall_base``, ``_allgather_base``
   and ``_reduce_scatter_base`` eagerly (what ``dist.all_reduce``, ``all_to_all_single``,
   ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` call after their checks);
@@ -276,6 +277,14 @@ def op_overload_name(func: Any) -> tuple[str, str] | None:
     if isinstance(func, torch._ops.OpOverload):
         return func.namespace, func.name()
     return None
+
+
+@torch.compiler.assume_constant_result
+def trace_id() -> int:
+    """Which trace dynamo is making now (0 outside one): ``torch._guards.TracingContext.try_get()``,
+    private. A graph break ends a trace and the code after it is traced anew, under another id."""
+    context = torch._guards.TracingContext.try_get()
+    return 0 if context is None else id(context)
 
 
 _TRACE_TIME_ERRORS: dict[type, type] = {}

@@ -210,9 +210,26 @@ def compiled() -> dict:
     eager_leaf = x.clone().requires_grad_(True)
     eager = fn(eager_leaf)
     (eager * eager.detach()).sum().backward()
-    return {"breaks": breaks, "values": torch.equal(out, want * 2 + 1), "grad": torch.equal(leaf.grad, eager_leaf.grad),
-            "exchanged": outcome(lambda: torch.compile(lambda v: fm.ragged_all_to_all(v, "y", sizes, mesh=rm),
-                                                       backend="eager", fullgraph=True)(x))}
+    res = {"breaks": breaks, "values": torch.equal(out, want * 2 + 1), "grad": torch.equal(leaf.grad, eager_leaf.grad),
+           "exchanged": outcome(lambda: torch.compile(lambda v: fm.ragged_all_to_all(v, "y", sizes, mesh=rm),
+                                                      backend="eager", fullgraph=True)(x))}
+    dynamo.reset()
+    res["tensor sizes"] = outcome(lambda: torch.compile(
+        lambda v: fm.ragged_all_to_all(v, "y", torch.tensor(sizes), torch.tensor(got), mesh=rm),
+        backend="eager", fullgraph=True)(x))
+    dynamo.reset()  # an untyped region with a graph break: the eager code between graphs still finds the region
+    res["untyped region, graph break"] = outcome(lambda: torch.compile(fm.shard_map(
+        lambda v: fm.ragged_all_to_all(v, "y", sizes), in_specs=P(), out_specs=P("y"), mesh=rm, check_vma=False),
+        backend="eager")(x))
+
+    def typed_body(v):
+        dynamo.graph_break()
+        return fm.psum(v, "y")
+
+    dynamo.reset()  # a typed region's types live in one trace: a break inside it is an error, not a guess
+    res["typed region, graph break"] = outcome(lambda: torch.compile(fm.shard_map(
+        typed_body, in_specs=P("y"), out_specs=P(), mesh=rm), backend="eager")(torch.ones(4)))
+    return res
 
 
 def test_compiles_whole_with_python_int_sizes(w4):
@@ -220,3 +237,9 @@ def test_compiles_whole_with_python_int_sizes(w4):
         assert res["breaks"] == 0 and res["values"] and res["grad"], res
         kind, message = res["exchanged"]  # counts exchanged at run time: data-dependent shapes, refused clearly
         assert kind != "ok" and "recv_sizes under torch.compile" in message, message
+        kind, message = res["tensor sizes"]
+        assert kind != "ok" and "sizes as Python ints under torch.compile" in message, message
+        kind, message = res["untyped region, graph break"]
+        assert kind == "MeshError" and "recv_sizes under torch.compile" in message, message
+        kind, message = res["typed region, graph break"]
+        assert kind == "MeshError" and "a typed region to trace in one graph" in message, message
