@@ -79,6 +79,24 @@ def measured(bench: str, table: str, row: str, column: str, samples: Sequence[fl
     return Result(bench, table, row, column, statistics.median(samples), unit, tuple(samples))
 
 
+def slowest_and_paired(bench: str, table: str, ranks: Sequence[Sequence[dict]], series: Sequence[str]) -> list[Result]:
+    """Records of a multi-process run: per row and series the slowest rank's median; and the paired
+    ratio ``series[0] / series[1]``: per rank the median over repetitions, then the largest over ranks.
+
+    ``ranks``: per rank, its rows in one order, each ``{"row": label, "samples": {series: [ns, ...]}}``.
+    """
+    out = []
+    for configs in zip(*ranks):
+        row = configs[0]["row"]
+        for name in series:
+            out.append(measured(bench, table, row, name, max((c["samples"][name] for c in configs),
+                                                             key=statistics.median)))
+        paired = max(statistics.median(o / b for o, b in zip(c["samples"][series[0]], c["samples"][series[1]]))
+                     for c in configs)
+        out.append(Result(bench, table, row, f"paired {series[0]} / {series[1]}", paired, "x"))
+    return out
+
+
 def parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
     """The options every benchmark has: ``--quick`` and ``--out``."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])

@@ -17,7 +17,6 @@ dropped. Per rank the median of each series, then the slowest rank.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -112,21 +111,6 @@ def worker(rank: int, world: int, port: int, reps: int, warmup: int) -> list[dic
     return out
 
 
-def results(ranks: list[list[dict[str, Any]]]) -> list[R.Result]:
-    """Per configuration and series the slowest rank's median; the paired ratio per rank is the
-    median over repetitions of fm / raw, then the largest over ranks."""
-    out = []
-    for configs in zip(*ranks):
-        row = configs[0]["row"]
-        for name in SERIES:
-            out.append(R.measured(BENCH, "collectives", row, name, max((c["samples"][name] for c in configs),
-                                                                     key=statistics.median)))
-        paired = max(statistics.median(o / b for o, b in zip(c["samples"][SERIES[0]], c["samples"][SERIES[1]]))
-                     for c in configs)
-        out.append(R.Result(BENCH, "collectives", row, "paired fm / raw", paired, "x"))
-    return out
-
-
 def main() -> int:
     H.serve({"collectives": worker})
     p = R.parser(__doc__, "W=2 only, 40 repetitions")
@@ -143,8 +127,8 @@ def main() -> int:
     for world in (int(w) for w in (args.worlds or ("2" if args.quick else "2,4")).split(",")):
         reps = args.reps or (40 if args.quick else 200 if world <= 2 else 100)
         print(f"gloo W={world}: {reps} repetitions ...", file=sys.stderr, flush=True)
-        records += results(H.run_pool(__file__, {"fn": "collectives", "reps": reps, "warmup": warmup}, world,
-                                      timeout_s=1800))
+        ranks = H.run_pool(__file__, {"fn": "collectives", "reps": reps, "warmup": warmup}, world, timeout_s=1800)
+        records += R.slowest_and_paired(BENCH, "collectives", ranks, SERIES)
     R.write(args.out, [R.finish_run(run, time.perf_counter() - t0, [tree]), *records])
     return 0
 

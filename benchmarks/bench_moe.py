@@ -19,7 +19,6 @@ dropped. Per rank the median of each series, then the slowest rank.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from typing import Any
@@ -86,21 +85,6 @@ def worker(rank: int, world: int, port: int, reps: int, warmup: int) -> list[dic
     return out
 
 
-def results(ranks: list[list[dict[str, Any]]]) -> list[R.Result]:
-    """Per row and series the slowest rank's median; the paired ratio per rank is the median over
-    repetitions of fm / raw, then the largest over ranks."""
-    out = []
-    for configs in zip(*ranks):
-        row = configs[0]["row"]
-        for name in SERIES:
-            out.append(R.measured(BENCH, "ragged", row, name, max((c["samples"][name] for c in configs),
-                                                                  key=statistics.median)))
-        paired = max(statistics.median(o / b for o, b in zip(c["samples"][SERIES[0]], c["samples"][SERIES[1]]))
-                     for c in configs)
-        out.append(R.Result(BENCH, "ragged", row, "paired fm / raw", paired, "x"))
-    return out
-
-
 def main() -> int:
     H.serve({"ragged": worker})
     p = R.parser(__doc__, "40 repetitions")
@@ -115,7 +99,8 @@ def main() -> int:
         BENCH, "ragged", "fm.ragged_all_to_all vs all_to_all_single with split sizes (gloo)", "sizes, world, x", (
             (SERIES[0], SERIES[1], "fm / raw"), (SERIES[2], SERIES[1], "noise floor: 2nd series / raw")))]
     print(f"gloo W={args.world}: {reps} repetitions ...", file=sys.stderr, flush=True)
-    records += results(H.run_pool(__file__, {"fn": "ragged", "reps": reps, "warmup": warmup}, args.world))
+    ranks = H.run_pool(__file__, {"fn": "ragged", "reps": reps, "warmup": warmup}, args.world)
+    records += R.slowest_and_paired(BENCH, "ragged", ranks, SERIES)
     R.write(args.out, [R.finish_run(run, time.perf_counter() - t0), *records])
     return 0
 
