@@ -171,6 +171,30 @@ def record_token_exchanges(pd: Any) -> list[dict[str, Any]]:
     return records
 
 
+def record_stage_meshes(records: list[dict[str, Any]]) -> None:
+    """Record what pipeline stages ask ``ParallelDims`` for when they rebuild a received DTensor's mesh.
+
+    torchtitan's ``pipeline_llm`` hands each ``PipelineStage`` a callback (``_build_get_mesh_callback``)
+    that looks the mesh up by dim names and returns it only if its layout is the sender's (else None,
+    and the stage cannot rebuild the DTensor). Each record: the dim names, and whether a mesh came back.
+    """
+    import torchtitan.distributed.pipeline_parallel as titan_pp
+
+    build = titan_pp._build_get_mesh_callback
+
+    def recording(parallel_dims: Any) -> Any:
+        get_mesh = build(parallel_dims)
+
+        def recorded(names: tuple[str, ...], layout: Any) -> Any:
+            mesh = get_mesh(names, layout)
+            records.append({"names": list(names), "found": mesh is not None})
+            return mesh
+
+        return recorded
+
+    titan_pp._build_get_mesh_callback = recording
+
+
 def pp_step(schedule: Any, *, arg_mbs: Any, kwarg_mbs: Any, target_mbs: Any, losses: Any, loss_kwargs: Any) -> None:
     """``schedule.step`` with microbatches already split, as torchtitan 0.3.0's Trainer calls it.
 
@@ -250,9 +274,11 @@ def run(args: argparse.Namespace, counter: GroupCounter) -> dict[str, Any]:
     loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config(global_vocab_size=ex.VOCAB))
     parallelize_args = {"parallel_dims": pd, "training": training, "parallelism": parallelism,
                         "compile_config": CompileConfig(), "ac_config": None, "dump_folder": ""}
+    stage_meshes: list[dict[str, Any]] = []
     if pd.pp_enabled:  # torchtitan's Trainer.__init__ with PP: its pipeline_llm splits, then parallelizes each part
         from torchtitan.distributed.pipeline_parallel import pipeline_llm
 
+        record_stage_meshes(stage_meshes)
         pp_schedule, model_parts, first_stage, last_stage = pipeline_llm(
             model, **parallelize_args, device=device, model_config=model_config, parallelize_fn=parallelize_fn,
             loss_fn=loss_fn)
@@ -334,7 +360,8 @@ def run(args: argparse.Namespace, counter: GroupCounter) -> dict[str, Any]:
         step_s.append(round(time.perf_counter() - t1 - sum(step_s), 2))
     timings["steps_s"], timings["step_s"] = time.perf_counter() - t1, step_s
     counter.phase = "done"
-    return {"steps": steps, "groups": counter.calls, "timings": timings, "token_exchanges": exchanges}
+    return {"steps": steps, "groups": counter.calls, "timings": timings, "token_exchanges": exchanges,
+            "stage_meshes": stage_meshes}
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ batches, with torchtitan's own parallelize functions and training step:
 
 - llama3 at dim 64, 2 layers, vocab 256: HSDP 2 x 2 x TP 2 (sequence 32) under "partial_dtensor",
   "full_dtensor" and "spmd_types"; HSDP 2 x CP 2 x TP 2 (sequence 256) under "partial_dtensor";
-  PP 2 (its 1F1B schedule, 2 microbatches) x FSDP 2 x TP 2 under "partial_dtensor";
+  PP 2 (its 1F1B schedule, 2 microbatches) x FSDP 2 x TP 2 under "full_dtensor";
 - deepseek_v3, its "debugmodel" at CPU widths (8 routed + 2 shared experts, top-3): EP 2 with HSDP
   2 x 4 under "partial_dtensor", tokens exchanged by torchtitan's all-to-all dispatcher over "ep".
 
@@ -15,7 +15,7 @@ finds ours), and no more than torchtitan's distinct real rank sets (the axes it 
 backend get none).
 
 ~45-65 s per run on the two shared cores (most of it 8 processes importing torch and torchtitan);
-``FM_TITAN_CASES=partial_dtensor-ep,partial_dtensor-pp`` runs only the cases it names. Not part of
+``FM_TITAN_CASES=partial_dtensor-ep,full_dtensor-pp`` runs only the cases it names. Not part of
 ``make test``: ``make test-torchtitan`` builds its venv and runs it (docs/torchtitan.md).
 """
 
@@ -54,7 +54,8 @@ CASES = {  # id: (spmd_backend, degrees). full_dtensor + CP runs, but DTensor's 
     "partial_dtensor-cp": ("partial_dtensor", HSDP_CP_TP),
     "spmd_types": ("spmd_types", HSDP_TP),  # torchtitan's default backend
     "partial_dtensor-ep": ("partial_dtensor", HSDP_EP),  # deepseek_v3's MoE
-    "partial_dtensor-pp": ("partial_dtensor", PP_FSDP_TP),  # spmd_types refuses PP (its Trainer raises)
+    # PP under full_dtensor, where stages send DTensors and rebuild their meshes by name and layout
+    "full_dtensor-pp": ("full_dtensor", PP_FSDP_TP),
 }
 # FM_TITAN_CASES=spmd_types,full_dtensor runs only those (e.g. one case per torch venv)
 SELECTED = [c for c in os.environ.get("FM_TITAN_CASES", ",".join(CASES)).split(",") if c]
@@ -215,3 +216,10 @@ def test_pipeline_stages_split_over_pp(runs):
     last = {tuple(s["loss"] for s in r["steps"]) for r in ours[stage_size:]}
     assert first == {(float(-batch).hex(),) * STEPS}
     assert len(last) == 1 and all(float.fromhex(v) > 0 for v in next(iter(last)))
+    # full_dtensor: each stage rebuilt the received DTensors' meshes by dim names, and our meshes passed
+    # the layout check (a None would have failed the step), as torchtitan's did
+    if CASES[case][0] == "full_dtensor":
+        for rank in range(NPROC):
+            asked = results["fm"]["ranks"][rank]["stage_meshes"]
+            assert asked and all(m["found"] for m in asked), asked
+            assert asked == results["torchtitan"]["ranks"][rank]["stage_meshes"]
