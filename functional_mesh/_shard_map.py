@@ -114,13 +114,21 @@ class _Region:
 
     def check_trace(self, before: str) -> None:
         """Under torch.compile the types live in one trace: a graph break inside a typed region loses
-        them, and a region that went on would type by guesswork, so it is an error."""
-        if self.traced and self.check_vma and _torch.trace_id() != self.trace:
-            raise MeshError(requires(
-                "shard_map", "a typed region to trace in one graph under torch.compile (its types live in the "
-                "trace)", "a graph break inside the region, before", before)
-                + "; remove the break (torch._dynamo.explain lists it; fullgraph=True refuses it), or run the "
-                "region with check_vma=False")
+        them, and a region that went on would type by guesswork, so it is an error, unless no tensor
+        varied before the break (then every tensor the new trace sees is invariant, as it reads)."""
+        if not (self.traced and self.check_vma):
+            return
+        now = _torch.trace_id()
+        if now == self.trace or now == 0:  # the same trace, or eager code between graphs (real tensors)
+            return
+        if not self.types:  # nothing was typed varying: nothing is lost
+            self.trace = now
+            return
+        raise MeshError(requires(
+            "shard_map", "a typed region to trace in one graph under torch.compile (its types live in the "
+            "trace)", "a graph break inside the region, before", before)
+            + "; remove the break (torch._dynamo.explain lists it; fullgraph=True refuses it), or run the "
+            "region with check_vma=False")
 
     def _tag(self, axes: frozenset[str]) -> _Tag:
         tag = self.tags.get(axes)
