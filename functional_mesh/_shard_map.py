@@ -82,7 +82,7 @@ class _Region:
         self.check_vma = check_vma
         self.axes = frozenset(rm.mesh.axis_names)
         self.traced = torch.compiler.is_compiling()
-        self.trace = _torch.trace_id() if self.traced else 0  # the trace the types belong to
+        self.trace = _trace_id() if self.traced else 0  # the trace the types belong to
         self.types: dict[Any, frozenset[str]] = {}  # under torch.compile: traced tensor -> axes
         self.tags: dict[frozenset[str], _Tag] = {}  # eagerly: one tag per type
         # results of collectives -> (api, axes, params), made on the first one: an out_specs error
@@ -118,7 +118,7 @@ class _Region:
         varied before the break (then every tensor the new trace sees is invariant, as it reads)."""
         if not (self.traced and self.check_vma):
             return
-        now = _torch.trace_id()
+        now = _trace_id()
         if now == self.trace or now == 0:  # the same trace, or eager code between graphs (real tensors)
             return
         if not self.types:  # nothing was typed varying: nothing is lost
@@ -398,6 +398,12 @@ def _call(f: Callable[..., Any], mesh: RealizedMesh | None, check_vma: bool, in_
     finally:
         for t in region.entered:  # the arguments' tensors carry no type out of the region
             region.forget(t)
+
+
+@torch.compiler.assume_constant_result
+def _trace_id() -> int:
+    """The trace dynamo is making now, as a constant of that trace (0 outside one)."""
+    return _torch.trace_id()
 
 
 @torch.compiler.assume_constant_result

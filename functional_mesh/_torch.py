@@ -286,10 +286,11 @@ def local_tensor(dtensor: Any) -> torch.Tensor:
     return dtensor._local_tensor
 
 
-@torch.compiler.assume_constant_result
 def trace_id() -> int:
     """Which trace dynamo is making now (0 outside one): ``torch._guards.TracingContext.try_get()``,
-    private. A graph break ends a trace and the code after it is traced anew, under another id."""
+    private. A graph break ends a trace and the code after it is traced anew, under another id.
+    (Callers under torch.compile wrap it as a constant of the trace; not here, where decorating at
+    import would load torch._dynamo with every realize.)"""
     context = torch._guards.TracingContext.try_get()
     return 0 if context is None else id(context)
 
