@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 
 import torch.distributed as dist
 
+from . import _torch
+
 __all__ = ["CACHE", "CacheInfo", "GroupCache", "abort_all", "cache_info", "clear_cache"]
 
 _ABORT_LOCK_WAIT_S = 1.0  # abort waits this long for a realize call in progress, then goes ahead
@@ -63,13 +65,17 @@ def cache_info() -> CacheInfo:
 def clear_cache() -> None:
     """Destroy every process group realize created (and no other), and forget all keys.
 
-    Realized meshes from before the call raise ``MeshError`` when used.
+    Realized meshes from before the call raise ``MeshError`` when used. A group torch no longer
+    knows (``dist.destroy_process_group()`` without a group already destroyed every group) is
+    only forgotten.
     """
     with CACHE.lock:
         created = _forget("clear_cache() destroyed")
         if dist.is_initialized():
+            live = _torch.known_groups()
             for pg in created:
-                dist.destroy_process_group(pg)
+                if pg in live:
+                    dist.destroy_process_group(pg)
 
 
 def abort_all() -> list[Any]:

@@ -28,6 +28,7 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
 - ``torch.utils._pytree`` (re-exported here as ``pytree``) for argument trees;
 - ``torch._guards.TracingContext.try_get()``, to tell one trace from the next (:func:`trace_id`);
 - ``DTensor._local_tensor`` (:func:`local_tensor`), a region's argument that needs no gradient;
+- ``distributed_c10d._world.pg_map`` (:func:`known_groups`), so ``clear_cache`` skips groups torch destroyed;
 - ``ProcessGroup.allreduce(tensors, AllreduceOptions())``, ``alltoall_base``, ``_allgather_base``
   and ``_reduce_scatter_base`` eagerly (what ``dist.all_reduce``, ``all_to_all_single``,
   ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` call after their checks);
@@ -60,7 +61,7 @@ from ._errors import MeshError, requires
 
 __all__ = ["PlacementPlan", "abort_groups", "all_gather", "all_reduce", "all_to_all", "can_split", "default_group",
            "default_store", "device_mesh_from_groups", "from_placements", "global_rank", "group_members",
-           "group_name", "group_timeout", "local_tensor", "mesh_parts", "one_rank_group", "op_overload_name", "pytree",
+           "group_name", "group_timeout", "known_groups", "local_tensor", "mesh_parts", "one_rank_group", "op_overload_name", "pytree",
            "reduce_scatter", "register_flattened", "set_group_desc", "to_placements", "torch_function_mode_active",
            "trace_time_error"]
 
@@ -278,6 +279,12 @@ def op_overload_name(func: Any) -> tuple[str, str] | None:
     if isinstance(func, torch._ops.OpOverload):
         return func.namespace, func.name()
     return None
+
+
+def known_groups() -> Any:
+    """The process groups torch knows now (``distributed_c10d._world.pg_map``, private): a group
+    destroyed by ``dist.destroy_process_group()`` is no longer one of them."""
+    return dist.distributed_c10d._world.pg_map
 
 
 def local_tensor(dtensor: Any) -> torch.Tensor:

@@ -673,3 +673,29 @@ def test_abort_restarts_the_numbering_of_checked_calls():
     _agree._next_call("realize")
     fm.abort()
     assert _agree._next_call("realize") == 1
+
+
+def test_clear_cache_after_torch_destroyed_every_group_only_forgets_them():
+    """``dist.destroy_process_group()`` (no group) destroys realize's groups too; clear_cache then
+    forgets them instead of failing on groups torch no longer knows (was: ValueError 'Invalid
+    process group specified')."""
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        fm.clear_cache()
+        dist.destroy_process_group()
+    dist.init_process_group("fake", rank=1, world_size=4, store=FakeStore())
+    rm = fm.realize(fm.make_mesh((2, 2), ("a", "b")))
+    assert fm.cache_info().groups > 0
+    dist.destroy_process_group()
+    dist.init_process_group("fake", rank=1, world_size=4, store=FakeStore())
+    try:
+        fm.clear_cache()
+        assert fm.cache_info().groups == 0
+        with pytest.raises(fm.MeshError, match="clear_cache"):
+            rm.group("a")
+    finally:
+        fm.clear_cache()
+        dist.destroy_process_group()
