@@ -24,6 +24,7 @@ The big-world thread tests run under the fake backend (tests/fake/test_threads_f
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import pickle
 import threading
@@ -109,6 +110,7 @@ def cycles(n: int) -> dict:
         # torch's destroy_process_group unregisters a gloo group, but its sockets and threads go
         # with the last reference to the ProcessGroup: here, the stale realized meshes.
         del rms
+        gc.collect()  # what is left now is a leak, not garbage waiting for the collector
         out["per_cycle"].append({"sums": sums, "live": live, "registries": registries(),
                                  "info": tuple(fm.cache_info()), "res": resources()})
     out.update(base=base, base_res=base_res, world_sum=reduce_in(dist.group.WORLD), rank=rank)
