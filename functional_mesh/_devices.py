@@ -1,11 +1,29 @@
 """The device list a mesh lives on: global ranks, kept symbolic when they form a range.
 
-One ``DeviceList`` is shared by a mesh and every mesh derived from it, so derived meshes
-cost O(ndim) whatever the world size, and comparing two of them is an identity check.
+A device list is one of two kinds, each its own class behind the one name ``DeviceList``:
+
+- :class:`DeviceRange`: an arithmetic progression (``range(start, stop, step)``, any step),
+  stored as three ints and never materialised, so a mesh over a million ranks costs what a
+  mesh over eight does;
+- :class:`DeviceArray`: any other list, stored once as a read-only int64 array.
+
+The constructors (:meth:`DeviceList.iota`, :meth:`~DeviceList.from_range`,
+:meth:`~DeviceList.from_values`) pick the kind: a list that is a progression is always a
+range, so the two kinds never hold the same ranks and equal lists are equal values.
+
+One device list is shared by a mesh and every mesh derived from it, so derived meshes cost
+O(ndim) whatever the world size, and comparing two of them is an identity check.
+
+Examples:
+    >>> DeviceList.from_values("make_mesh", [8, 10, 12])
+    DeviceList(8..12 step 2)
+    >>> DeviceList.from_values("make_mesh", [3, 1, 2, 0]).index_of(2)
+    2
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 
 import numpy as np
@@ -13,62 +31,52 @@ import numpy as np
 from ._errors import MeshError, requires
 from ._validate import MAX_RANK, Frozen, as_int_array
 
-__all__ = ["DeviceList"]
-
+__all__ = ["DeviceArray", "DeviceList", "DeviceRange"]
 
 
 class DeviceList(Frozen):
-    """An immutable list of distinct non-negative global ranks.
-
-    A list that is an arithmetic progression (``range(start, stop, step)``, any step) is stored
-    as three ints and never materialised; any other list is stored once as a read-only int64
-    array. An explicit list equal to a range *is* that range (equal value, equal hash).
+    """An immutable list of distinct non-negative global ranks: a :class:`DeviceRange` or a :class:`DeviceArray`.
 
     A plain ``__slots__`` value on :class:`~functional_mesh._validate.Frozen`: every mesh derived
-    from a list shares it, so an assignment would change them all; it raises instead. The one
-    field set after construction is the lazy inverse index of an array list (a cache, not a part
-    of the value).
+    from a list shares it, so an assignment would change them all; it raises instead. Build one
+    with :meth:`iota`, :meth:`from_range` or :meth:`from_values`.
+
+    Examples:
+        >>> DeviceList.iota(4).to_array().tolist()
+        [0, 1, 2, 3]
+        >>> DeviceList.from_values("make_mesh", range(3, -1, -1)) == DeviceList.from_values("make_mesh", [3, 2, 1, 0])
+        True
     """
 
-    __slots__ = ("_n", "_start", "_step", "_array", "_hash", "_inverse")
+    __slots__ = ("_n", "_hash")
+    _n: int
+    _hash: int
 
     def __init__(self) -> None:  # use the classmethods
         raise TypeError("use DeviceList.iota, DeviceList.from_range or DeviceList.from_values")
 
     @classmethod
-    def _make(cls, n: int, start: int, step: int, array: np.ndarray | None) -> DeviceList:
-        self = object.__new__(cls)
-        if n <= 1:  # normal form: a range is determined by its elements
-            step = 1
-            start = start if n else 0
-        key = ("range", n, start, step) if array is None else ("array", array.tobytes())
-        for name, value in (("_n", n), ("_start", start), ("_step", step), ("_array", array),
-                            ("_hash", hash(key)), ("_inverse", None)):
-            object.__setattr__(self, name, value)
-        return self
-
-    @classmethod
-    def iota(cls, n: int, api: str = "devices") -> DeviceList:
+    def iota(cls, n: int, api: str = "devices") -> DeviceRange:
         """The symbolic ranks ``0..n-1``."""
         if n < 0:
             raise MeshError(requires(api, "a non-negative number of devices", "n", n))
         if n > sys.maxsize:
             raise MeshError(requires(api, f"at most {sys.maxsize} devices", "n", n))
-        return cls._make(n, 0, 1, None)
+        return DeviceRange._make(n, 0, 1)
 
     @classmethod
-    def from_range(cls, r: range, api: str = "devices") -> DeviceList:
+    def from_range(cls, r: range, api: str = "devices") -> DeviceRange:
         """Any range of non-negative ranks (increasing or decreasing), kept symbolic."""
         n = _range_len(api, r)
         if n and min(r[0], r[-1]) < 0:
             raise MeshError(requires(api, "non-negative global ranks", "devices", r))
         if n and max(r[0], r[-1]) > MAX_RANK:
             raise MeshError(requires(api, f"global ranks up to {MAX_RANK}", "devices", r))
-        return cls._make(n, r.start, r.step, None)
+        return DeviceRange._make(n, r.start, r.step)
 
     @classmethod
     def from_values(cls, api: str, values: object) -> DeviceList:
-        """Validate any iterable, numpy array or tensor of ints as a device list."""
+        """Validate any iterable, numpy array or tensor of ints as a device list (a range when it is one)."""
         if isinstance(values, DeviceList):
             return values
         if isinstance(values, range):
@@ -78,77 +86,195 @@ class DeviceList(Frozen):
         if n and array.min() < 0:
             bad = int(array[array < 0][0])
             raise MeshError(requires(api, "non-negative global ranks", "device", bad), mesh=None)
-        if n > 1:
-            steps = np.diff(array)
-            if steps[0] != 0 and bool((steps == steps[0]).all()):
-                return cls._make(n, int(array[0]), int(steps[0]), None)
-            uniq, counts = np.unique(array, return_counts=True)
-            if uniq.size != n:
-                dup = int(uniq[counts > 1][0])
-                raise MeshError(requires(api, "distinct devices", "duplicate device", dup))
-        else:  # 0 or 1 devices: always a range
-            return cls._make(n, int(array[0]) if n else 0, 1, None)
+        if n <= 1:  # 0 or 1 devices: always a range
+            return DeviceRange._make(n, int(array[0]) if n else 0, 1)
+        steps = np.diff(array)
+        if steps[0] != 0 and bool((steps == steps[0]).all()):
+            return DeviceRange._make(n, int(array[0]), int(steps[0]))
+        uniq, counts = np.unique(array, return_counts=True)
+        if uniq.size != n:
+            dup = int(uniq[counts > 1][0])
+            raise MeshError(requires(api, "distinct devices", "duplicate device", dup))
         array = np.array(array, dtype=np.int64)  # own copy
         array.setflags(write=False)
-        return cls._make(n, 0, 1, array)
-
-    # -- queries ------------------------------------------------------------------------------
+        return DeviceArray._make(array)
 
     def __len__(self) -> int:
         return self._n
 
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, DeviceList):
+            return NotImplemented
+        # the kinds never hold the same ranks: from_values makes every progression a range
+        return type(self) is type(other) and self._hash == other._hash and self._same(other)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"DeviceList({self.describe()})"
+
+    # What each kind answers in its own way.
+
     @property
     def is_symbolic(self) -> bool:
         """True when the list is a range stored as three ints."""
-        return self._array is None
+        raise NotImplementedError
 
     @property
     def is_iota(self) -> bool:
         """True for ``0..n-1``."""
-        return self._array is None and self._start == 0 and self._step == 1
+        raise NotImplementedError
+
+    def __getitem__(self, i: int) -> int:
+        raise NotImplementedError
 
     def take(self, idx: np.ndarray) -> np.ndarray:
         """Global ranks at positions ``idx`` (any shape), as int64."""
-        if self._array is None:
-            return self._start + self._step * np.asarray(idx, dtype=np.int64)
-        return self._array[idx]
-
-    def max(self) -> int:
-        """The largest rank, in O(1) for a range (``-1`` for an empty list)."""
-        if self._n == 0:
-            return -1
-        if self._array is None:
-            return max(self._start, self._start + self._step * (self._n - 1))
-        return int(self._array.max())
-
-    def digest(self) -> str:
-        """A digest of the ranks that is the same in every process (unlike ``hash``)."""
-        import hashlib
-
-        if self._array is None:
-            text = f"range:{self._n}:{self._start}:{self._step}".encode()
-        else:
-            text = b"array:" + self._array.tobytes()
-        return hashlib.sha1(text, usedforsecurity=False).hexdigest()[:16]
-
-    def __getitem__(self, i: int) -> int:
-        if self._array is None:
-            return self._start + self._step * i
-        return int(self._array[i])
+        raise NotImplementedError
 
     def to_array(self) -> np.ndarray:
         """All ranks (materialised), read-only."""
-        if self._array is not None:
-            return self._array
+        raise NotImplementedError
+
+    def index_of(self, rank: int) -> int | None:
+        """Position of global ``rank`` in the list, or ``None`` when it is not in the list."""
+        raise NotImplementedError
+
+    def max(self) -> int:
+        """The largest rank (``-1`` for an empty list)."""
+        raise NotImplementedError
+
+    def digest(self) -> str:
+        """A digest of the ranks that is the same in every process (unlike ``hash``)."""
+        raise NotImplementedError
+
+    def describe(self, limit: int = 6) -> str:
+        """Short text: ``0..7``, ``8..15``, ``0..14 step 2`` or ``[7, 6, 5, …, 0] (8)``."""
+        raise NotImplementedError
+
+    def _same(self, other: DeviceList) -> bool:
+        """Whether ``other``, a list of the same kind and hash, holds the same ranks."""
+        raise NotImplementedError
+
+
+class DeviceRange(DeviceList):
+    """The ranks ``start, start + step, ...`` (``n`` of them), any non-zero step: three ints, never materialised.
+
+    Normal form: a list of 0 or 1 ranks has step 1 (and 0 ranks start 0), so a range is
+    determined by its elements. Every answer is O(1) or O(size of the answer).
+
+    Examples:
+        >>> r = DeviceList.from_range(range(14, -1, -2))
+        >>> r, r[1], r.index_of(4), r.max()
+        (DeviceList(14..0 step -2), 12, 5, 14)
+    """
+
+    __slots__ = ("_start", "_step")
+    _start: int
+    _step: int
+
+    @classmethod
+    def _make(cls, n: int, start: int, step: int) -> DeviceRange:
+        self = object.__new__(cls)
+        if n <= 1:  # normal form: a range is determined by its elements
+            step = 1
+            start = start if n else 0
+        for name, value in (("_n", n), ("_start", start), ("_step", step), ("_hash", hash(("range", n, start, step)))):
+            object.__setattr__(self, name, value)
+        return self
+
+    @property
+    def is_symbolic(self) -> bool:
+        return True
+
+    @property
+    def is_iota(self) -> bool:
+        return self._start == 0 and self._step == 1
+
+    def __getitem__(self, i: int) -> int:
+        return self._start + self._step * i
+
+    def take(self, idx: np.ndarray) -> np.ndarray:
+        return self._start + self._step * np.asarray(idx, dtype=np.int64)
+
+    def to_array(self) -> np.ndarray:
         out = self.take(np.arange(self._n, dtype=np.int64))
         out.setflags(write=False)
         return out
 
     def index_of(self, rank: int) -> int | None:
-        """Position of global ``rank`` in the list, or ``None`` when it is not in the list."""
-        if self._array is None:
-            q, r = divmod(rank - self._start, self._step)  # also right for a negative step
-            return q if r == 0 and 0 <= q < self._n else None
+        q, r = divmod(rank - self._start, self._step)  # also right for a negative step
+        return q if r == 0 and 0 <= q < self._n else None
+
+    def max(self) -> int:
+        if self._n == 0:
+            return -1
+        return max(self._start, self._start + self._step * (self._n - 1))
+
+    def digest(self) -> str:
+        return _sha(f"range:{self._n}:{self._start}:{self._step}".encode())
+
+    def describe(self, limit: int = 6) -> str:
+        if self._n == 0:
+            return "[]"
+        if self._n == 1:
+            return f"[{self._start}]"
+        last = self._start + self._step * (self._n - 1)
+        return f"{self._start}..{last}" + (f" step {self._step}" if self._step != 1 else "")
+
+    def _same(self, other: DeviceRange) -> bool:
+        return self._n == other._n and self._start == other._start and self._step == other._step
+
+    def __reduce__(self):
+        return (_rebuild_range, (self._n, self._start, self._step))
+
+
+class DeviceArray(DeviceList):
+    """Ranks that form no progression, held once as a read-only int64 array.
+
+    The one field set after construction is the lazy inverse index behind :meth:`index_of`
+    (a cache, not a part of the value).
+
+    Examples:
+        >>> a = DeviceList.from_values("make_mesh", [7, 6, 5, 4, 3, 2, 1, 9])
+        >>> a, a.index_of(9), a.max()
+        (DeviceList([7, 6, 5, 4, 3, …, 9] (8)), 7, 9)
+    """
+
+    __slots__ = ("_array", "_inverse")
+    _array: np.ndarray
+    _inverse: tuple[np.ndarray, np.ndarray] | None
+
+    @classmethod
+    def _make(cls, array: np.ndarray) -> DeviceArray:
+        """``array``: a read-only int64 array of distinct ranks that is no progression (not checked)."""
+        self = object.__new__(cls)
+        for name, value in (("_n", array.size), ("_array", array), ("_hash", hash(("array", array.tobytes()))),
+                            ("_inverse", None)):
+            object.__setattr__(self, name, value)
+        return self
+
+    @property
+    def is_symbolic(self) -> bool:
+        return False
+
+    @property
+    def is_iota(self) -> bool:
+        return False
+
+    def __getitem__(self, i: int) -> int:
+        return int(self._array[i])
+
+    def take(self, idx: np.ndarray) -> np.ndarray:
+        return self._array[idx]
+
+    def to_array(self) -> np.ndarray:
+        return self._array
+
+    def index_of(self, rank: int) -> int | None:
         if self._inverse is None:
             order = np.argsort(self._array, kind="stable")
             sorted_ranks = self._array[order]
@@ -159,53 +285,38 @@ class DeviceList(Frozen):
         pos = int(np.searchsorted(ranks, rank))
         return int(order[pos]) if pos < self._n and ranks[pos] == rank else None
 
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if not isinstance(other, DeviceList):
-            return NotImplemented
-        if self._hash != other._hash or self._n != other._n:
-            return False
-        if self._array is None or other._array is None:
-            return (self._array is None and other._array is None
-                    and (self._start, self._step) == (other._start, other._step))
-        return bool(np.array_equal(self._array, other._array))
+    def max(self) -> int:
+        return int(self._array.max())
 
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __reduce__(self):
-        if self._array is None:
-            return (_rebuild_range, (self._n, self._start, self._step))
-        return (_rebuild_array, (self._array.tobytes(),))
-
-    def __repr__(self) -> str:
-        return f"DeviceList({self.describe()})"
+    def digest(self) -> str:
+        return _sha(b"array:" + self._array.tobytes())
 
     def describe(self, limit: int = 6) -> str:
-        """Short text: ``0..7``, ``8..15``, ``0..14 step 2`` or ``[7, 6, 5, …, 0] (8)``."""
-        if self._array is None:
-            if self._n == 0:
-                return "[]"
-            last = self._start + self._step * (self._n - 1)
-            if self._n == 1:
-                return f"[{self._start}]"
-            return f"{self._start}..{last}" + (f" step {self._step}" if self._step != 1 else "")
         vals = self._array.tolist()
         if len(vals) <= limit:
             return str(vals)
         head = ", ".join(map(str, vals[: limit - 1]))
         return f"[{head}, …, {vals[-1]}] ({len(vals)})"
 
+    def _same(self, other: DeviceArray) -> bool:
+        return bool(np.array_equal(self._array, other._array))
 
-def _rebuild_range(n: int, start: int, step: int) -> DeviceList:
-    return DeviceList._make(n, start, step, None)
+    def __reduce__(self):
+        return (_rebuild_array, (self._array.tobytes(),))
 
 
-def _rebuild_array(data: bytes) -> DeviceList:
+def _sha(text: bytes) -> str:
+    return hashlib.sha1(text, usedforsecurity=False).hexdigest()[:16]
+
+
+def _rebuild_range(n: int, start: int, step: int) -> DeviceRange:
+    return DeviceRange._make(n, start, step)
+
+
+def _rebuild_array(data: bytes) -> DeviceArray:
     array = np.frombuffer(data, dtype=np.int64).copy()
     array.setflags(write=False)
-    return DeviceList._make(array.size, 0, 1, array)
+    return DeviceArray._make(array)
 
 
 def _range_len(api: str, r: range) -> int:

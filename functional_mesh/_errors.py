@@ -17,10 +17,25 @@ __all__ = ["MeshError", "UnknownAxisError"]
 
 
 class MeshError(ValueError):
-    """A bad value given to functional_mesh: the message names it and the valid choices.
+    """A bad value given to functional_mesh: the message names it, the call, and the valid choices.
+
+    A ``ValueError``; wrong types are a ``TypeError`` instead. Every message reads
+    "`<api>` requires <rule>, but got <name>=<value>; valid: <choices>".
+
+    Args:
+        message: the text.
+        mesh: the mesh the failing call was about, when there is one.
 
     Attributes:
         mesh: the mesh the failing call was about, when there is one (else ``None``).
+
+    Examples:
+        >>> import functional_mesh as fm
+        >>> try:
+        ...     fm.make_mesh((2, 0), ("dp", "tp"))
+        ... except fm.MeshError as e:
+        ...     print(e)
+        `make_mesh` requires positive axis sizes, but got axis_sizes['tp']=0
     """
 
     __module__ = "functional_mesh"  # tracebacks name the public home: functional_mesh.MeshError
@@ -33,7 +48,24 @@ class MeshError(ValueError):
 
 
 class UnknownAxisError(MeshError, KeyError):
-    """An axis name that the mesh does not have. Also a ``KeyError``, like a missing dict key."""
+    """An axis name that the mesh does not have. Also a ``KeyError``, like a missing dict key.
+
+    The message lists the mesh's axes and, for a plausible typo of one of them, asks "did you
+    mean" it (:func:`did_you_mean` states when).
+
+    Args:
+        message: the text.
+        mesh: the mesh that lacks the axis, when there is one.
+
+    Examples:
+        >>> import functional_mesh as fm
+        >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
+        >>> try:
+        ...     mesh["pt"]
+        ... except KeyError as e:
+        ...     print(e)
+        `Mesh[...]` requires an axis name of the mesh, but got axis='pt'; valid: ('dp', 'tp'); did you mean 'tp'?
+    """
 
     __module__ = "functional_mesh"
 

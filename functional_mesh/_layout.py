@@ -77,13 +77,20 @@ def _canonical(modes: Iterable[tuple[int, int]]) -> Modes:
 class Layout(Frozen):
     """A flat layout ``shape:stride`` in canonical (coalesced) form; immutable, hashable.
 
-    A plain ``__slots__`` value (see :class:`~functional_mesh._validate.Frozen`): equality and hash
-    are those of the canonical modes.
+    Calling a layout on a flat coordinate gives its index (row-major digits of ``shape``, dotted
+    with ``stride``). Equality and hash are those of the canonical modes, so two layouts with the
+    same function are equal. A plain ``__slots__`` value (see
+    :class:`~functional_mesh._validate.Frozen`): every transformation builds layouts on its hot
+    path through ``_from_modes``, without the constructor's checks.
 
     Args:
-        shape: the extent of each mode, outermost first; positive ints.
+        shape: the extent of each mode, outermost first; positive ints (one int for one mode).
         stride: the index step of each mode; non-negative ints. Defaults to row-major
             (compact) strides over ``shape``.
+
+    Raises:
+        MeshError: a mode size below 1, a negative stride, or a stride count unlike the shape's.
+        TypeError: sizes or strides that are not ints.
 
     Examples:
         >>> Layout((2, 4), (4, 1)) == Layout(8)
@@ -175,7 +182,18 @@ class Layout(Frozen):
 
 
 def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    """Compact row-major strides: the last mode has stride 1."""
+    """Compact row-major strides over ``shape``: the last mode has stride 1.
+
+    Args:
+        shape: mode sizes, outermost first.
+
+    Returns:
+        One stride per mode; each is the product of the sizes after it.
+
+    Examples:
+        >>> row_major_strides((2, 3, 4))
+        (12, 4, 1)
+    """
     strides = []
     step = 1
     for s in reversed(shape):
@@ -185,24 +203,75 @@ def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def row_major(shape: Sequence[int]) -> Layout:
-    """The compact row-major layout over ``shape`` (the identity on ``[0, prod(shape))``)."""
+    """The compact row-major layout over ``shape``: the identity on ``[0, prod(shape))``.
+
+    Args:
+        shape: positive mode sizes, outermost first.
+
+    Returns:
+        The canonical layout (one mode of ``prod(shape)``, or ``1:0`` for an empty shape).
+
+    Raises:
+        MeshError: a size below 1.
+
+    Examples:
+        >>> row_major((2, 3))
+        Layout(6:1)
+    """
     return Layout(shape)
 
 
 def size(layout: Layout) -> int:
-    """Number of coordinates of ``layout``."""
+    """Number of coordinates of ``layout``: the product of its mode sizes.
+
+    Args:
+        layout: a layout.
+
+    Returns:
+        ``layout.size``.
+
+    Examples:
+        >>> size(Layout((2, 3), (6, 1)))
+        6
+    """
     return layout.size
 
 
 def cosize(layout: Layout) -> int:
-    """One past the largest index ``layout`` produces."""
+    """One past the largest index ``layout`` produces: ``layout(size - 1) + 1``.
+
+    Args:
+        layout: a layout.
+
+    Returns:
+        ``layout.cosize``: the length of the smallest range ``[0, n)`` that holds its indices.
+
+    Examples:
+        >>> cosize(Layout((2, 3), (6, 1)))
+        9
+    """
     return layout.cosize
 
 
 def coalesce(shape: Sequence[int], stride: Sequence[int]) -> Layout:
     """The canonical layout with the same function as ``shape:stride``.
 
+    Size-1 modes are dropped and a mode that continues the next inner one is merged into it.
     Law: ``indices(coalesce(s, d))`` equals the row-major enumeration of ``s:d``.
+
+    Args:
+        shape: positive mode sizes, outermost first.
+        stride: one non-negative stride per mode.
+
+    Returns:
+        The canonical :class:`Layout`.
+
+    Raises:
+        MeshError: a size below 1, a negative stride, or a stride count unlike the shape's.
+
+    Examples:
+        >>> coalesce((2, 2, 3), (6, 3, 1)), coalesce((2, 1, 3), (3, 7, 1))
+        (Layout(12:1), Layout(6:1))
     """
     return Layout(shape, stride)
 
@@ -211,7 +280,19 @@ def concat(*layouts: Layout) -> Layout:
     """The layout whose modes are those of ``layouts`` in order (outermost first).
 
     Law: coordinate ``(i_1, ..., i_k)`` (row-major over the sizes) maps to
-    ``layouts[0](i_1) + ... + layouts[k-1](i_k)``.
+    ``layouts[0](i_1) + ... + layouts[k-1](i_k)``. This is how several axes flatten into one.
+
+    Args:
+        *layouts: layouts, outermost first.
+
+    Returns:
+        The canonical layout of their modes together.
+
+    Examples:
+        >>> concat(Layout(2, 4), Layout(2, 1))              # axes dp (2:4) and tp (2:1) flattened
+        Layout((2,2):(4,1))
+        >>> concat(Layout(2, 4), Layout(4, 1))              # contiguous: one mode
+        Layout(8:1)
     """
     return Layout._from_modes(m for lay in layouts for m in lay.modes)
 
@@ -253,12 +334,29 @@ def complement(layout: Layout, n: int) -> Layout:
     """The layout ``c`` of offsets such that ``{c(j) + layout(i)}`` is exactly ``[0, n)``.
 
     Its modes are ordered by decreasing stride, so its translates enumerate in increasing
-    order of their smallest index (torch's and Megatron's group order).
+    order of their smallest index (torch's and Megatron's group order): a mesh's groups.
 
     Laws: the translates are disjoint and cover ``[0, n)``; ``size(layout) * size(c) == n``.
 
+    Args:
+        layout: an injective layout whose modes are aligned (each stride a multiple of the
+            span of the modes below it).
+        n: the size of the range to tile.
+
+    Returns:
+        The complement layout (``1:0`` when ``layout`` alone covers ``[0, n)``).
+
     Raises:
         MeshError: when ``layout`` overlaps itself, is not aligned, or does not divide ``n``.
+        TypeError: ``n`` that is not an int.
+
+    Examples:
+        >>> complement(Layout(2, 4), 8)                     # dp of (dp=2, tp=4): one group per tp
+        Layout(4:1)
+        >>> complement(Layout((2, 2), (1, 1)), 8)
+        Traceback (most recent call last):
+        ...
+        functional_mesh.MeshError: `complement` requires a layout whose modes do not overlap and are aligned (each stride a multiple of the span below it), but got layout=(2,2):(1,1)
     """
     n = as_int("complement", "n", n)
     return Layout._from_modes(complement_modes(layout.modes, n, layout))
@@ -272,8 +370,23 @@ def composition(outer: Layout, inner: Layout) -> Layout:
 
     Law: ``composition(a, b)(i) == a(b(i))`` for every ``i`` in ``[0, size(b))``.
 
+    Args:
+        outer: the layout applied second.
+        inner: the layout applied first; its indices must lie in ``[0, size(outer))``.
+
+    Returns:
+        The composed layout.
+
     Raises:
         MeshError: when ``inner`` leaves ``outer``'s domain or is not expressible over its modes.
+
+    Examples:
+        >>> composition(Layout((2, 4), (1, 2)), Layout(4, 2))   # every 2nd coordinate
+        Layout((2,2):(1,4))
+        >>> composition(Layout(4, 1), Layout(3, 2))
+        Traceback (most recent call last):
+        ...
+        functional_mesh.MeshError: `composition` requires the inner layout to stay inside the outer layout's 4 coordinates, but got inner=3:2 (cosize 5) for outer=4:1
     """
     if inner.cosize > outer.size:
         raise MeshError(
@@ -327,6 +440,16 @@ def is_injective(layout: Layout) -> bool:
     Sorted by stride, modes that each start at or past the span below them are injective
     (the fast path, O(modes)); otherwise the answer comes from enumerating the layout's own
     ``size`` indices.
+
+    Args:
+        layout: a layout.
+
+    Returns:
+        Whether ``layout`` is one-to-one (the axes of a mesh must be).
+
+    Examples:
+        >>> is_injective(Layout((2, 2), (4, 1))), is_injective(Layout((2, 2), (1, 1)))
+        (True, False)
     """
     span = 1
     for stride, shape in sorted((d, s) for s, d in layout.modes):
@@ -340,6 +463,16 @@ def indices(layout: Layout) -> np.ndarray:
     """The indices of ``layout`` for coordinates ``0..size-1``, as an int64 array.
 
     Builds the answer mode by mode; no intermediate array is larger than the result.
+
+    Args:
+        layout: a layout.
+
+    Returns:
+        A 1-d int64 array of ``size(layout)`` indices.
+
+    Examples:
+        >>> indices(Layout((2, 2), (1, 4))).tolist()
+        [0, 4, 1, 5]
     """
     out = np.zeros(1, dtype=np.int64)
     for s, d in layout.modes:
@@ -351,7 +484,21 @@ def groups(layout: Layout, n: int) -> np.ndarray:
     """Every translate of ``layout`` inside ``[0, n)``: shape ``(n // size, size)``.
 
     Row ``j`` is ``complement(layout, n)(j) + indices(layout)``; rows are in increasing order
-    of their first index.
+    of their first index. Law: the rows partition ``[0, n)``.
+
+    Args:
+        layout: an injective, aligned layout whose size divides ``n``.
+        n: the size of the range to tile.
+
+    Returns:
+        An int64 array of shape ``(n // size(layout), size(layout))``.
+
+    Raises:
+        MeshError: as :func:`complement`.
+
+    Examples:
+        >>> groups(Layout(2, 4), 8).tolist()
+        [[0, 4], [1, 5], [2, 6], [3, 7]]
     """
     offsets = indices(complement(layout, n))
     return np.add.outer(offsets, indices(layout))
@@ -361,6 +508,22 @@ def decompose(layout: Layout, n: int, index: int) -> tuple[int, int]:
     """Locate ``index`` in ``[0, n)``: ``(j, i)`` with ``complement(layout, n)(j) + layout(i) == index``.
 
     O(modes): the modes of a layout and its complement form one mixed radix of ``[0, n)``.
+
+    Args:
+        layout: an injective, aligned layout whose size divides ``n``.
+        n: the size of the range.
+        index: a position in ``[0, n)``.
+
+    Returns:
+        ``(group, coordinate)``: which translate holds ``index``, and where in it.
+
+    Raises:
+        MeshError: an ``index`` outside ``[0, n)``, or a layout as :func:`complement` refuses.
+        TypeError: an ``index`` that is not an int.
+
+    Examples:
+        >>> decompose(Layout(2, 4), 8, 5)                   # 5 = complement(1) + layout(1)
+        (1, 1)
     """
     index = as_int("decompose", "index", index)
     if not 0 <= index < n:

@@ -6,9 +6,11 @@ block of ``size`` indices, and the complement of that block enumerates the *grou
 submesh per translate. Rank order inside a group is row-major over the axes in the mesh's
 order, exactly as in torch's ``DeviceMesh``.
 
-Transformations (select, flatten, unflatten, transpose, rename) build new meshes from the
-axes' layouts alone, in O(ndim), sharing the device list: they never look at the ranks and
-never touch ``torch.distributed``.
+``Mesh`` holds the parts and their invariants (distinct names; axes that tile the devices),
+equality, hashing and pickling. What it answers and does comes in three parts, each its own
+module: its shape (``_mesh_shape``: names, sizes, layouts), its transformations
+(``_mesh_transforms``: selections and reshapes, in O(ndim) from the layouts alone, sharing the
+device list) and its groups (``_mesh_groups``: where the ranks are).
 
 Examples:
     >>> mesh = make_mesh((2, 4), ("dp", "tp"))
@@ -25,97 +27,49 @@ Examples:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from types import MappingProxyType
-from typing import Any
 
-import numpy as np
 
 from . import _layout as L
 from ._devices import DeviceList
-from ._errors import MeshError, UnknownAxisError, requires, unknown_axis
-from ._validate import Frozen, as_int, as_int_array, as_name_tuple, check_unique
+from ._errors import MeshError, requires
+from ._mesh_groups import Groups
+from ._mesh_shape import MeshShape, Shape, axes_size
+from ._mesh_transforms import Reshapes, Selections, select
+from ._validate import Frozen, as_axis_index, as_int, as_int_array, as_name_tuple, check_unique
 
 __all__ = ["Mesh", "MeshShape", "axes_size", "axis_layouts", "axis_position", "family_modes", "make_mesh",
            "select"]
 
 
-class MeshShape(Frozen, Mapping[str, int]):
-    """``mesh.shape``: an ordered, read-only mapping from axis name to size (as in JAX).
-
-    A ``collections.abc.Mapping``: ``in``, ``get``, iteration, ``keys``, ``values``, ``items``,
-    ``len`` and ``==`` (by items, so it equals a dict of the same sizes) answer as for any mapping.
-    A key that is not an axis name is a ``KeyError`` (an ``UnknownAxisError``), so ``0 in mesh.shape``
-    is ``False`` and ``mesh.shape.get(0)`` is ``None``; indexing by position, torch style
-    (``mesh.shape[0]``), says what to write instead.
-    """
-
-    __slots__ = ("_items",)
-
-    def __init__(self, names: Sequence[str], sizes: Sequence[int]) -> None:
-        object.__setattr__(self, "_items", MappingProxyType(dict(zip(names, sizes, strict=True))))
-
-    def __getitem__(self, key: str) -> int:
-        try:
-            return self._items[key]
-        except (KeyError, TypeError):  # TypeError: an unhashable key such as a list
-            pass
-        if isinstance(key, int) and not isinstance(key, bool):
-            raise UnknownAxisError(
-                requires("mesh.shape[...]", "an axis name (mesh.shape is a mapping, as in JAX)", "key", key,
-                         tuple(self._items)) + f"; for sizes by position use mesh.axis_sizes[{key}]"
-            )
-        raise unknown_axis("mesh.shape[...]", key, tuple(self._items))
-
-    def __contains__(self, key: object) -> bool:
-        try:  # Mapping's answer (a lookup that raises KeyError is False), without building the message
-            return key in self._items
-        except TypeError:  # unhashable: not an axis name
-            return False
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __reduce__(self):
-        return (MeshShape, (tuple(self._items), tuple(self._items.values())))
-
-    def __repr__(self) -> str:
-        return repr(dict(self._items))
-
-
-class _Size(int):
-    """``mesh.size``: an int that explains itself when called like torch's ``DeviceMesh.size()``."""
-
-    def __call__(self, *args: object) -> int:
-        raise TypeError(
-            "`Mesh.size` is a property (as in JAX), not a method: write mesh.size for the "
-            "number of devices in one group, or mesh.axis_size('tp') for one axis"
-        )
-
-    def __reduce__(self):
-        return (int, (int(self),))
-
-
-class Mesh(Frozen):
+class Mesh(Shape, Selections, Reshapes, Groups, Frozen):
     """Named axes over canonical layouts on a device list; immutable, hashable, picklable.
 
-    A plain ``__slots__`` value (see :class:`~functional_mesh._validate.Frozen`): transformations
-    build new meshes through ``_derive`` without re-running the public constructor's checks.
-
-    Build meshes with :func:`make_mesh` or :meth:`Mesh.from_ranks`; the constructor takes the
-    raw parts (axis names, one :class:`Layout` per axis, a device list) and validates them.
+    Build meshes with :func:`make_mesh`, :meth:`Mesh.from_ranks` or
+    :func:`~functional_mesh.mesh_from_order`; the constructor takes the raw parts and validates
+    them. Equal meshes (same names, canonical layouts and device list, however derived) hash
+    equal; hashing and comparing are O(ndim). A plain ``__slots__`` value (see
+    :class:`~functional_mesh._validate.Frozen`): transformations build new meshes through
+    ``_derive`` without re-running the constructor's checks.
 
     Args:
         axis_names: distinct non-empty names, one per axis.
-        layouts: one layout per axis, mapping the axis coordinate to an index into ``devices``.
-        devices: the global ranks; an int ``n`` means the symbolic ``0..n-1``.
+        layouts: one :class:`~functional_mesh.Layout` per axis, mapping the axis coordinate to a
+            position in ``devices``.
+        devices: the global ranks (any iterable of distinct non-negative ints, or a
+            ``DeviceList``); an int ``n`` means the symbolic ``0..n-1``.
 
     Raises:
-        MeshError: when names repeat, or the axes overlap or do not tile the device list.
+        MeshError: names that repeat, or axes that overlap or do not tile the device list.
+        TypeError: layouts that are not ``Layout`` objects, or names that are not str.
+
+    Examples:
+        >>> from functional_mesh import Layout
+        >>> Mesh(("dp", "tp"), (Layout(2, 1), Layout(4, 2)), 8)    # dp fastest
+        Mesh(dp=2, tp=4)
+        >>> Mesh(("dp", "tp"), (Layout(2, 1), Layout(4, 2)), 8).ranks.tolist()
+        [[0, 2, 4, 6], [1, 3, 5, 7]]
     """
 
     __slots__ = ("_axis_names", "_layouts", "_devices", "_complement", "_hash")
@@ -192,7 +146,20 @@ class Mesh(Frozen):
 
     @classmethod
     def from_ranks(cls, ranks: object, axis_names: str | Sequence[str]) -> Mesh:
-        """The mesh whose only group is the nested rank array ``ranks`` (torch's ``mesh=`` tensor).
+        """The mesh whose only group is a nested rank array, as torch's ``DeviceMesh(mesh=...)`` tensor.
+
+        Args:
+            ranks: a nested list, numpy array or tensor of distinct non-negative ints, one
+                dimension per axis.
+            axis_names: one distinct name per dimension of ``ranks``.
+
+        Returns:
+            A one-group mesh whose ``ranks`` equal ``ranks``.
+
+        Raises:
+            MeshError: a count of names other than ``ranks.ndim``, an empty array, or ranks that
+                repeat or are negative.
+            TypeError: ranks that are not ints.
 
         Examples:
             >>> m = Mesh.from_ranks([[0, 2], [1, 3]], ("dp", "tp"))
@@ -211,258 +178,6 @@ class Mesh(Frozen):
         devices = DeviceList.from_values("Mesh.from_ranks", array.reshape(-1))
         return cls(names, _row_major_axes(array.shape), devices)
 
-    # -- shape ---------------------------------------------------------------------------------
-
-    @property
-    def axis_names(self) -> tuple[str, ...]:
-        """The axis names, in mesh order."""
-        return self._axis_names
-
-    @property
-    def axis_sizes(self) -> tuple[int, ...]:
-        """The axis sizes, in mesh order."""
-        return tuple(lay.size for lay in self._layouts)
-
-    @property
-    def shape(self) -> MeshShape:
-        """Ordered mapping ``{name: size}``."""
-        return MeshShape(self._axis_names, self.axis_sizes)
-
-    @property
-    def ndim(self) -> int:
-        """Number of axes."""
-        return len(self._axis_names)
-
-    @property
-    def size(self) -> int:
-        """Number of devices in one group: the product of the axis sizes."""
-        return _Size(axes_size(self, self._axis_names))
-
-    @property
-    def num_groups(self) -> int:
-        """Number of submeshes (groups) this mesh stands for."""
-        return math.prod([s for s, _ in self._complement])
-
-    @property
-    def num_devices(self) -> int:
-        """Length ``N`` of the device list (all groups together)."""
-        return len(self._devices)
-
-    @property
-    def devices(self) -> np.ndarray:
-        """The device list as a read-only int64 array (materialised on demand)."""
-        return self._devices.to_array()
-
-    @property
-    def device_list(self) -> DeviceList:
-        """The device list value itself, shared with every derived mesh."""
-        return self._devices
-
-    @property
-    def layout(self) -> L.Layout:
-        """The layout of all axes together (coordinates row-major over the axes)."""
-        return L.concat(*self._layouts)
-
-    def axis_size(self, name: str) -> int:
-        """Size of axis ``name``."""
-        return self._layouts[axis_position(self, name)].size
-
-    def axis_layout(self, name: str) -> L.Layout:
-        """The canonical layout of axis ``name`` (the realize cache key of its groups)."""
-        return self._layouts[axis_position(self, name, "Mesh.axis_layout")]
-
-    # -- transformations -----------------------------------------------------------------------
-
-    def _positions(self, api: str, names: object, what: str = "axes") -> tuple[int, ...]:
-        names_t = as_name_tuple(api, names, what)
-        if not names_t:
-            raise MeshError(requires(api, "at least one axis", what, names_t, self._axis_names), mesh=self)
-        check_unique(api, names_t, what)
-        return tuple(axis_position(self, n, api) for n in names_t)
-
-    def __getitem__(self, names: str | Sequence[str]) -> Mesh:
-        """Select axes, in the given order: ``mesh["tp"]``, ``mesh["tp", "dp"]``."""
-        return select(self, names, "Mesh[...]")
-
-    def flatten(self, axes: str | Sequence[str] | None = None, name: str | None = None) -> Mesh:
-        """Merge ``axes`` (default: all) into one axis, row-major in the listed order.
-
-        The merged axis takes the place of the first listed axis among the remaining ones;
-        its default name joins the listed names with ``"_"``.
-
-        Examples:
-            >>> m = make_mesh((2, 2, 2), ("a", "b", "c"))
-            >>> m.flatten(("c", "a"))
-            Mesh(b=2, c_a=4)
-            >>> m.flatten(("a", "c"))["a_c"].groups().tolist()
-            [[0, 1, 4, 5], [2, 3, 6, 7]]
-        """
-        pos = tuple(range(self.ndim)) if axes is None else self._positions("Mesh.flatten", axes)
-        if not pos:
-            raise MeshError("`Mesh.flatten` requires a mesh with at least one axis, but got a 0-axis mesh", mesh=self)
-        listed = tuple(self._axis_names[i] for i in pos)
-        if name is None:
-            name = "_".join(listed)
-        if not isinstance(name, str):
-            raise TypeError(requires("Mesh.flatten", "one str for name", "name", name))
-        (merged_name,) = as_name_tuple("Mesh.flatten", name, "name")
-        names: list[str] = []
-        layouts: list[L.Layout | None] = []
-        at = 0
-        for i, n in enumerate(self._axis_names):  # one pass: the merged axis in its first part's place
-            if i == pos[0]:
-                at = len(names)
-                names.append(merged_name)
-                layouts.append(None)
-            elif i not in pos:
-                names.append(n)
-                layouts.append(self._layouts[i])
-        if merged_name in names[:at] or merged_name in names[at + 1:]:
-            remaining = tuple(n for i, n in enumerate(self._axis_names) if i not in pos)
-            raise MeshError(
-                requires("Mesh.flatten", "a merged name distinct from the remaining axes", "name", merged_name)
-                + f"; remaining axes: {remaining}", mesh=self)
-        layouts[at] = L.concat(*(self._layouts[i] for i in pos))
-        return self._derive("Mesh.flatten", tuple(names), tuple(layouts), True)
-
-    def unflatten(self, axis: str, sizes: Mapping[str, int] | Sequence[tuple[str, int]]) -> Mesh:
-        """Split ``axis`` into new axes, row-major, in its place: ``unflatten("w", {"dp": 2, "tp": 4})``.
-
-        The sizes must multiply to the axis size and split it along its canonical modes
-        (a non-contiguous ``(2,3):(6,1)`` axis splits as ``(2, 3)`` or ``(6,)``, not ``(3, 2)``).
-
-        Examples:
-            >>> m = make_mesh((8,), ("world",)).unflatten("world", {"dp": 2, "tp": 4})
-            >>> m["dp"].groups().tolist()
-            [[0, 4], [1, 5], [2, 6], [3, 7]]
-        """
-        api = "Mesh.unflatten"
-        if isinstance(axis, str):
-            i = axis_position(self, axis, api)
-        else:  # a 1-tuple names one axis, as in selections; more is a mistake, not "the first one"
-            positions = self._positions(api, axis, "axis")
-            if len(positions) != 1:
-                raise MeshError(requires(api, "one axis to split", "axis", axis, self._axis_names), mesh=self)
-            i = positions[0]
-        items = _size_items(api, sizes)
-        new_names = tuple(n for n, _ in items)
-        new_sizes = tuple(s for _, s in items)
-        old = self._layouts[i]
-        if math.prod(new_sizes) != old.size:
-            raise MeshError(
-                requires(api, f"sizes whose product equals the size of axis {axis!r} ({old.size})", "sizes",
-                         dict(items)), mesh=self)
-        parts = []
-        for size, step in zip(new_sizes, L.row_major_strides(new_sizes)):  # equal lengths by construction
-            try:
-                parts.append(L.Layout._from_modes(L.compose_mode(old, size, step)))
-            except MeshError:
-                raise MeshError(
-                    requires(api, f"sizes that split axis {axis!r} along its modes {old} (outermost first)",
-                             "sizes", dict(items),
-                             f"sizes whose inner-to-outer products line up with the modes, e.g. {old.shape} "
-                             f"or ({old.size},)"),
-                    mesh=self) from None
-        names = self._axis_names[:i] + new_names + self._axis_names[i + 1:]
-        return self._derive(api, names, self._layouts[:i] + tuple(parts) + self._layouts[i + 1:], True)
-
-    def transpose(self, *axes: str | Sequence[str]) -> Mesh:
-        """Reorder the axes: ``transpose("tp", "dp", "cp")`` (a permutation of all names)."""
-        names = axes[0] if len(axes) == 1 and not isinstance(axes[0], str) else axes
-        names = as_name_tuple("Mesh.transpose", tuple(names) if isinstance(names, list) else names, "axes")
-        for n in names:
-            axis_position(self, n, "Mesh.transpose")
-        if sorted(names) != sorted(self._axis_names) or len(set(names)) != len(names):
-            raise MeshError(
-                requires("Mesh.transpose", "a permutation of all axis names", "axes", names, self._axis_names),
-                mesh=self)
-        pos = tuple(self._axis_names.index(n) for n in names)
-        return self._derive("Mesh.transpose", names, tuple(self._layouts[i] for i in pos), True)
-
-    def rename(self, mapping: Mapping[str, str]) -> Mesh:
-        """Rename axes simultaneously: ``rename({"dp": "data"})``; ``{"a": "b", "b": "a"}`` swaps."""
-        if not isinstance(mapping, Mapping):
-            raise TypeError(requires("Mesh.rename", "a mapping {old: new}", "mapping", mapping))
-        for old, new in mapping.items():
-            axis_position(self, old, "Mesh.rename")
-            as_name_tuple("Mesh.rename", (new,), "new name")
-        names = tuple(mapping.get(n, n) for n in self._axis_names)
-        return self._derive("Mesh.rename", names, self._layouts, True)
-
-    # -- queries -------------------------------------------------------------------------------
-
-    def groups(self) -> np.ndarray:
-        """Every submesh's global ranks: int64 array of shape ``(num_groups, *axis_sizes)``.
-
-        Groups come in torch's order (increasing first index into the device list).
-        """
-        idx = L.groups(self.layout, len(self._devices))
-        return self._devices.take(idx).reshape((-1, *self.axis_sizes))
-
-    def _index(self, api: str, rank: int) -> int | None:
-        """Position of global ``rank`` in the device list, or ``None`` when absent."""
-        rank = as_int(api, "rank", rank)
-        if rank < 0:
-            raise MeshError(requires(api, "a non-negative global rank", "rank", rank), mesh=self)
-        return self._devices.index_of(rank)
-
-    def coordinate(self, rank: int) -> tuple[int, ...] | None:
-        """``rank``'s coordinate in its submesh (mesh order), or ``None`` if it is not a device.
-
-        O(ndim) for a symbolic device list: each axis reads its own digits of the rank's index.
-        """
-        index = self._index("Mesh.coordinate", rank)
-        if index is None:
-            return None
-        return tuple(L.digits_value(lay.modes, index) for lay in self._layouts)
-
-    def group_of(self, rank: int) -> np.ndarray | None:
-        """The submesh holding ``rank`` (shape ``axis_sizes``), or ``None`` if it is not a device."""
-        index = self._index("Mesh.group_of", rank)
-        if index is None:
-            return None
-        offset = sum(((index // d) % s) * d for s, d in self._complement)
-        return self._devices.take(offset + L.indices(self.layout)).reshape(self.axis_sizes)
-
-    def host_span(self, ranks_per_host: int) -> dict[str, str]:
-        """Where each axis's groups sit when hosts hold ``ranks_per_host`` consecutive ranks.
-
-        Host of a global rank ``r`` is ``r // ranks_per_host`` (torchrun's numbering, one agent
-        per host). Per axis: ``"intra-host"`` when every group of the axis lies on one host,
-        ``"cross-host"`` when every group has each member on a different host, ``"mixed"``
-        otherwise. A size-1 axis is intra-host. Reads every rank once: O(devices).
-
-        Examples:
-            >>> make_mesh((2, 2, 4), ("dp", "cp", "tp")).host_span(ranks_per_host=8)
-            {'dp': 'cross-host', 'cp': 'intra-host', 'tp': 'intra-host'}
-            >>> make_mesh((4, 4), ("dp", "tp")).flatten(("dp", "tp")).host_span(8)
-            {'dp_tp': 'mixed'}
-        """
-        api = "Mesh.host_span"
-        k = as_int(api, "ranks_per_host", ranks_per_host)
-        if k < 1:
-            raise MeshError(requires(api, "a positive number of ranks per host", "ranks_per_host", k), mesh=self)
-        k = min(k, self._devices.max() + 1)  # one host holds every device: same answer, no overflow
-        span: dict[str, str] = {}
-        for name, size in zip(self._axis_names, self.axis_sizes, strict=True):
-            hosts = np.sort(self[name].groups().reshape(-1, size) // k, axis=1)
-            if (hosts[:, 0] == hosts[:, -1]).all():
-                span[name] = "intra-host"
-            elif (hosts[:, 1:] != hosts[:, :-1]).all():
-                span[name] = "cross-host"
-            else:
-                span[name] = "mixed"
-        return span
-
-    @property
-    def ranks(self) -> np.ndarray:
-        """The ranks of the only group, shape ``axis_sizes``; a ``MeshError`` for a family."""
-        if self.num_groups != 1:
-            raise MeshError(
-                f"`Mesh.ranks` requires a mesh with one group, but got num_groups={self.num_groups} "
-                f"({self!r}); use mesh.groups() or mesh.group_of(rank)", mesh=self)
-        return self.groups()[0]
-
     def __repr__(self) -> str:
         axes = ", ".join(f"{n}={s}" for n, s in zip(self._axis_names, self.axis_sizes, strict=True)) or "()"
         if self.num_groups > 1:
@@ -477,36 +192,10 @@ def axis_position(mesh: Mesh, name: object, api: str = "Mesh.axis_size") -> int:
 
     A non-str name is a ``TypeError``; an unknown one an ``UnknownAxisError`` with "did you mean".
     """
-    if not isinstance(name, str):
-        raise TypeError(requires(api, "a str axis name", "axis", name))
-    try:
+    try:  # the common case, unchecked; anything else raises below with the house message
         return mesh._axis_names.index(name)
     except ValueError:
-        raise unknown_axis(api, name, mesh._axis_names, mesh) from None
-
-
-def select(mesh: Mesh, names: object, api: str) -> Mesh:
-    """``mesh[names]``, for the error of the public call ``api`` (``realize(axes=)``, ``rm[...]``, ...)."""
-    if isinstance(names, int) and not isinstance(names, bool):
-        msg = requires(api, "axis names, not positions", "key", names, mesh._axis_names)
-        if -mesh.ndim <= names < mesh.ndim:
-            msg += f"; write mesh[{mesh._axis_names[names]!r}]"
-        raise TypeError(msg)
-    pos = mesh._positions(api, names)
-    return mesh._derive(api, tuple(mesh._axis_names[i] for i in pos), tuple(mesh._layouts[i] for i in pos),
-                        len(pos) == mesh.ndim)
-
-
-def axes_size(mesh: Any, axes: Iterable[str]) -> int:
-    """The size of the product of ``axes``: the product of their sizes (1 for no axes).
-
-    ``mesh`` is anything with ``axis_size(name)``: a ``Mesh``, or a ``RealizedMesh`` (whose lookup is a
-    dict). The one place a product of axis sizes is computed; a plain loop, so torch.compile traces it.
-    """
-    size = 1
-    for name in axes:
-        size *= mesh.axis_size(name)
-    return size
+        return as_axis_index(api, mesh._axis_names, name, mesh)
 
 
 def axis_layouts(mesh: Mesh) -> tuple[L.Layout, ...]:
@@ -525,41 +214,33 @@ def _row_major_axes(sizes: Sequence[int]) -> tuple[L.Layout, ...]:
     return tuple(L.Layout._from_modes(((s, d),)) for s, d in zip(sizes, L.row_major_strides(sizes)))
 
 
-def _size_items(api: str, sizes: object) -> tuple[tuple[str, int], ...]:
-    if type(sizes) is dict and sizes:  # the common case, checked without per-item calls
-        items = tuple(sizes.items())
-        if all(type(n) is str and n and type(s) is int and s >= 1 for n, s in items):
-            return items
-    if isinstance(sizes, Mapping):
-        pairs = tuple(sizes.items())
-    elif isinstance(sizes, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in sizes):
-        pairs = tuple(tuple(p) for p in sizes)
-    else:
-        raise TypeError(requires(api, "a mapping {name: size} (or (name, size) pairs)", "sizes", sizes))
-    if not pairs:
-        raise MeshError(requires(api, "at least one new axis", "sizes", sizes))
-    names = as_name_tuple(api, tuple(n for n, _ in pairs), "sizes")
-    values = tuple(as_int(api, "size", s) for _, s in pairs)
-    for n, s in zip(names, values, strict=True):
-        if s < 1:
-            raise MeshError(requires(api, "positive sizes", f"sizes[{n!r}]", s))
-    return tuple(zip(names, values, strict=True))
-
-
 def make_mesh(axis_sizes: Sequence[int], axis_names: str | Sequence[str], *, devices: object = None) -> Mesh:
-    """A mesh of the given sizes and names over ``devices`` (default: the symbolic ``0..N-1``).
+    """A mesh of the given sizes and names over ``devices``, row-major (the last axis fastest, as in torch).
 
     Args:
         axis_sizes: positive ints, outermost first.
         axis_names: distinct names, one per size.
-        devices: global ranks, flat, one per device: any iterable, numpy array or tensor of
-            distinct non-negative ints. Stored once and shared by every derived mesh.
+        devices: global ranks, flat, one per position: any iterable, numpy array or tensor of
+            distinct non-negative ints (default: the symbolic ``0..N-1``). A range stays symbolic;
+            the list is stored once and shared by every derived mesh.
+
+    Returns:
+        The mesh; one group when ``devices`` has one rank per position.
+
+    Raises:
+        MeshError: sizes that are not positive, names that repeat or do not match the sizes in
+            number, or devices that repeat, are negative or are not one per position.
+        TypeError: sizes, names or devices of the wrong type.
 
     Examples:
         >>> make_mesh((2, 2, 2), ("dp", "cp", "tp")).shape
         {'dp': 2, 'cp': 2, 'tp': 2}
         >>> make_mesh((2, 4), ("dp", "tp"), devices=range(8, 16))["dp"].groups().tolist()
         [[8, 12], [9, 13], [10, 14], [11, 15]]
+        >>> make_mesh((2, 4), ("dp", "dp"))
+        Traceback (most recent call last):
+        ...
+        functional_mesh.MeshError: `make_mesh` requires distinct axis names, but got axis_names=('dp', 'dp'); 'dp' appears twice
     """
     api = "make_mesh"
     if isinstance(axis_sizes, (str, bytes, Mapping, AbstractSet)) or not isinstance(axis_sizes, Iterable):

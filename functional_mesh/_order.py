@@ -55,11 +55,24 @@ def mesh_from_order(order: str, *, devices: Iterable[int] | None = None, **sizes
             ``rank_offset=k`` is ``devices=range(k, k + N)``.
         **sizes: one positive int per token, e.g. ``tp=2, cp=2, ep=1, dp=2, pp=2``.
 
+    Returns:
+        The :class:`~functional_mesh.Mesh` whose axes are the tokens reversed (then the extra
+        size-1 axes, outermost), row-major over ``devices``.
+
+    Raises:
+        MeshError: an empty or repeated token, a token without a size, a size other than 1 for
+            an axis the order leaves out, or sizes and devices that ``make_mesh`` refuses.
+        TypeError: an order that is not a str.
+
     Examples:
         >>> mesh_from_order("tp-pp-dp", tp=2, pp=2, dp=2)
         Mesh(dp=2, pp=2, tp=2)
         >>> mesh_from_order("tp-dp", tp=4, dp=2, pp=1, cp=1)       # pp, cp: size 1, appended
         Mesh(cp=1, pp=1, dp=2, tp=4)
+        >>> mesh_from_order("tp-dp", tp=2)
+        Traceback (most recent call last):
+        ...
+        functional_mesh.MeshError: `mesh_from_order` requires a size for every token of the order, but got order='tp-dp'; no size for ['dp'] (given: ['tp'])
     """
     api = "mesh_from_order"
     tokens = _tokens(api, order)
@@ -83,6 +96,18 @@ def order_axes(mesh: Mesh, token: str) -> tuple[str, ...]:
 
     Megatron treats a token as a set (its group enumerates the named dimensions fastest-first,
     which is row-major over them in mesh order), so ``"tp-dp"`` and ``"dp-tp"`` give the same axes.
+
+    Args:
+        mesh: a :class:`~functional_mesh.Mesh`, typically from :func:`mesh_from_order`.
+        token: axis names joined by ``"-"``, in any order.
+
+    Returns:
+        The named axes in mesh order.
+
+    Raises:
+        UnknownAxisError: a token that is not an axis of ``mesh``.
+        MeshError: an empty or repeated token.
+        TypeError: a mesh or token of another type.
 
     Examples:
         >>> mesh = mesh_from_order("tp-cp-dp-pp", tp=2, cp=2, dp=2, pp=2)

@@ -68,6 +68,15 @@ class PartitionSpec(Frozen):
     A plain ``__slots__`` value (see :class:`~functional_mesh._validate.Frozen`): its constructor
     takes the entries positionally, as JAX's does, which an attrs field cannot express.
 
+    Args:
+        *entries: one per tensor dim: ``None`` (replicated), an axis name, or a tuple (or list)
+            of axis names (their product, first name major); ``()`` is ``None`` and ``("dp",)``
+            is ``"dp"``.
+
+    Raises:
+        MeshError: an empty axis name.
+        TypeError: an entry of another type.
+
     Examples:
         >>> P("dp", None) == P(("dp",), ()), P("dp", None) == P("dp")
         (True, False)
@@ -110,7 +119,18 @@ class PartitionSpec(Frozen):
         return self._given[i]
 
     def axes_of(self, dim: int) -> tuple[str, ...]:
-        """The axes splitting ``dim``, major first (empty when replicated or past the end)."""
+        """The axes splitting tensor dim ``dim``, major first.
+
+        Args:
+            dim: a non-negative tensor dim.
+
+        Returns:
+            The axis names that split ``dim``; empty when it is replicated or past the spec's end.
+
+        Examples:
+            >>> P(("dp", "tp"), None).axes_of(0), P("dp").axes_of(3)
+            (('dp', 'tp'), ())
+        """
         if dim >= len(self.entries):
             return ()
         e = self.entries[dim]
@@ -128,10 +148,28 @@ class NamedSharding:
     """How a tensor is laid out over a mesh: ``spec`` names, per dim, the axes that split it.
 
     Over a family mesh (e.g. ``mesh["tp"]`` of a 2-D mesh) every submesh holds its own copy,
-    sharded the same way.
+    sharded the same way. Uneven dims follow DTensor's ``torch.chunk`` rule. A frozen attrs
+    class: ``attrs.evolve(sharding, spec=...)`` re-validates.
+
+    Args:
+        mesh: a pure :class:`~functional_mesh.Mesh` (or a family of meshes).
+        spec: a :class:`PartitionSpec`, or a tuple/list of its entries (default ``P()``,
+            replicated).
 
     Raises:
-        MeshError: an unknown axis (with "did you mean"), or an axis used twice.
+        UnknownAxisError: an axis of ``spec`` that the mesh lacks (with "did you mean").
+        MeshError: an axis used on two dims.
+        TypeError: a mesh or spec of another type.
+
+    Examples:
+        >>> import functional_mesh as fm
+        >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
+        >>> fm.NamedSharding(mesh, P("tp")).shard_shape((6, 4))
+        (2, 4)
+        >>> fm.NamedSharding(mesh, P("dp", "dp"))
+        Traceback (most recent call last):
+        ...
+        functional_mesh.MeshError: `NamedSharding` requires each mesh axis at most once in the spec, but got spec=P('dp', 'dp'); axis 'dp' splits dims 0 and 1
     """
 
     mesh: Mesh
@@ -158,13 +196,46 @@ class NamedSharding:
         object.__setattr__(self, "spec", spec)
 
     def shard_shape(self, global_shape: Sequence[int]) -> tuple[int, ...]:
-        """The shape of the largest shard (the first one along every split)."""
+        """The shape of the largest shard: the first one along every split.
+
+        Args:
+            global_shape: the full tensor's shape, with at least ``len(spec)`` dims.
+
+        Returns:
+            Per dim, ``ceil(n / k)`` for ``k`` the product of the axes splitting it.
+
+        Raises:
+            MeshError: fewer dims than the spec, or a negative size.
+            TypeError: a shape that is not a tuple of ints.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> fm.NamedSharding(fm.make_mesh((4,), ("tp",)), P("tp")).shard_shape((6, 3))
+            (2, 3)
+        """
         shape = global_shape_of(self, "NamedSharding.shard_shape", global_shape)
         # the first block of torch.chunk's nested splits: ceil(ceil(n / a) / b) == ceil(n / (a * b))
         return tuple(-(-n // axes_size(self.mesh, self.spec.axes_of(d))) for d, n in enumerate(shape))
 
     def local_slices(self, global_shape: Sequence[int], rank: int) -> tuple[slice, ...] | None:
-        """``rank``'s part of the global tensor, one slice per dim (``None`` if not a device)."""
+        """A rank's block of the global tensor.
+
+        Args:
+            global_shape: the full tensor's shape.
+            rank: a global rank.
+
+        Returns:
+            One slice per dim; ``None`` when ``rank`` is not a device of the mesh.
+
+        Raises:
+            MeshError: a shape the spec does not fit, or a negative rank.
+            TypeError: a shape or rank of another type.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> fm.NamedSharding(fm.make_mesh((2, 4), ("dp", "tp")), P("tp")).local_slices((6, 4), 5)
+            (slice(2, 4, None), slice(0, 4, None))
+        """
         shape = global_shape_of(self, "NamedSharding.local_slices", global_shape)
         coord = self.mesh.coordinate(rank)
         if coord is None:
@@ -177,19 +248,35 @@ class NamedSharding:
         return chunk_block(shape, splits)
 
     def devices_indices_map(self, global_shape: Sequence[int]) -> dict[int, tuple[slice, ...]]:
-        """``{rank: slices}`` for every device of the mesh (every group of a family)."""
+        """Every device's block, as JAX's method of the same name. O(devices).
+
+        Args:
+            global_shape: the full tensor's shape.
+
+        Returns:
+            ``{rank: slices}`` for every device of the mesh (every group of a family).
+
+        Raises:
+            MeshError: a shape the spec does not fit.
+            TypeError: a shape of another type.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> fm.NamedSharding(fm.make_mesh((2,), ("tp",)), P("tp")).devices_indices_map((4,))
+            {0: (slice(0, 2, None),), 1: (slice(2, 4, None),)}
+        """
         shape = global_shape_of(self, "NamedSharding.devices_indices_map", global_shape)
         return {rank: self._slices(shape, dict(zip(self.mesh.axis_names, self.mesh.coordinate(rank), strict=True)))
                 for rank in self.mesh.devices.tolist()}
 
     @property
     def is_fully_replicated(self) -> bool:
-        """True when no axis of size > 1 splits any dim."""
+        """True when no axis of size > 1 splits any dim: every device holds the whole tensor."""
         return all(self.mesh.axis_size(n) == 1 for d in range(len(self.spec)) for n in self.spec.axes_of(d))
 
     @property
     def placements(self) -> tuple[Any, ...]:
-        """DTensor placements, one per mesh axis in mesh order (see :func:`placement_plan`)."""
+        """DTensor placements, one per mesh axis in mesh order (see :func:`placement_plan`); imports torch."""
         # The one function-level import between our modules: the torch boundary imports torch,
         # and this pure module must import without it (planning a mesh needs no torch).
         from . import _torch

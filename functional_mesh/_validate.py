@@ -19,10 +19,10 @@ from collections.abc import Set as AbstractSet
 
 import numpy as np
 
-from ._errors import MeshError, requires
+from ._errors import MeshError, requires, unknown_axis
 
-__all__ = ["MAX_RANK", "as_bool", "as_dim", "as_int", "as_int_array", "as_int_tuple", "as_name_tuple",
-           "check_unique"]
+__all__ = ["MAX_RANK", "as_axis_index", "as_bool", "as_dim", "as_int", "as_int_array", "as_int_tuple",
+           "as_name_tuple", "check_unique"]
 
 MAX_RANK = 2**63 - 1  # ranks are int64; a list is also indexed by int64 positions
 
@@ -82,6 +82,19 @@ def as_name_tuple(api: str, names: object, what: str = "axis_names") -> tuple[st
         if not n:
             raise MeshError(requires(api, "non-empty axis names", what, tuple(names)))
     return tuple(names)
+
+
+def as_axis_index(api: str, axis_names: tuple[str, ...], name: object, mesh: object = None) -> int:
+    """The position of axis ``name`` in ``axis_names``; ``mesh``, if given, rides on the error.
+
+    A non-str name is a ``TypeError``; an unknown one an ``UnknownAxisError`` with "did you mean".
+    """
+    if not isinstance(name, str):
+        raise TypeError(requires(api, "a str axis name", "axis", name))
+    try:
+        return axis_names.index(name)
+    except ValueError:
+        raise unknown_axis(api, name, axis_names, mesh) from None
 
 
 def check_unique(api: str, names: tuple[str, ...], what: str = "axis_names") -> None:

@@ -106,6 +106,15 @@ def visualize(mesh: Mesh, axis: str | None = None, *, color: bool = False, max_s
         max_side: at most this many rows, columns, pages and groups per axis are drawn; the
             middle ones are elided with ``…``.
 
+    Returns:
+        The picture: a header line, one page per group and leading coordinate (rows over the
+        next-to-last axis, columns over the last), then each axis's groups.
+
+    Raises:
+        UnknownAxisError: an ``axis`` that the mesh lacks.
+        MeshError: ``max_side`` below 2.
+        TypeError: a ``mesh`` that is not a ``Mesh``, or a ``color`` that is not a bool.
+
     Examples:
         >>> import functional_mesh as fm
         >>> print(fm.visualize(fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))["cp", "tp"]))
@@ -228,6 +237,14 @@ def visualize_sharding(sharding: NamedSharding, global_shape: Sequence[int], *, 
         global_shape: the full tensor's shape.
         color: add ANSI colors (one per block); for terminals only.
         max_side: at most this many block rows/columns and ranks per cell are drawn.
+
+    Returns:
+        The picture: a header, how each split dim divides, then the table of blocks.
+
+    Raises:
+        MeshError: a shape the spec does not fit, ``max_side`` below 2, or a mesh of more than
+            ``2**22`` devices (every holder of every block is listed).
+        TypeError: a ``sharding`` that is not a ``NamedSharding``, or a bad shape or ``color``.
 
     Examples:
         >>> import functional_mesh as fm

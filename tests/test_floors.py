@@ -232,7 +232,7 @@ def test_nothing_in_the_package_imports_its_integrations():
 # -- one piece for one meaning ---------------------------------------------------------------------
 
 # A product of axis sizes written by hand (a loop multiplying sizes, or math.prod over axis_size calls)
-# instead of _mesh.axes_size. Modules still to switch, each listed until it does (the test fails when
+# instead of _mesh_shape.axes_size. Modules still to switch, each listed until it does (the test fails when
 # one is listed but clean, so the list cannot go stale).
 HAND_PRODUCT = re.compile(r"\*=\s*[\w.]*(axis_size\(|sizes\[)|prod\(\[?[^)\n]*axis_size\(")
 PRODUCT_PENDING: set[str] = set()
@@ -240,7 +240,7 @@ PRODUCT_PENDING: set[str] = set()
 
 def test_products_of_axis_sizes_use_the_one_helper():
     found = {p.stem: len(HAND_PRODUCT.findall(p.read_text())) for p in PACKAGE.glob("*.py")}
-    assert found.pop("_mesh") == 1  # the helper's own loop
+    assert found.pop("_mesh_shape") == 1  # the helper's own loop
     found = {m for m, n in found.items() if n}
     assert found == PRODUCT_PENDING, f"hand-written products of axis sizes: {sorted(found)}; use _mesh.axes_size"
     assert HAND_PRODUCT.search("        size *= rm.axis_size(a)") and HAND_PRODUCT.search("size *= sizes[a]")

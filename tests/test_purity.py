@@ -41,7 +41,8 @@ def run_python(code: str) -> list[str]:
 
 
 PURE_MODULES = ["functional_mesh", "functional_mesh.layout", "functional_mesh._errors", "functional_mesh._validate",
-                "functional_mesh._layout", "functional_mesh._devices", "functional_mesh._mesh",
+                "functional_mesh._layout", "functional_mesh._devices", "functional_mesh._mesh_shape",
+                "functional_mesh._mesh_transforms", "functional_mesh._mesh_groups", "functional_mesh._mesh",
                 "functional_mesh._sharding", "functional_mesh._order", "functional_mesh._visualize",
                 "functional_mesh._realize_plan", "functional_mesh._vma", "functional_mesh.__main__"]
 

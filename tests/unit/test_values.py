@@ -9,10 +9,12 @@ import pytest
 
 import functional_mesh as fm
 from functional_mesh import Layout, MeshError, NamedSharding, P, PartitionSpec, UnknownAxisError
+from functional_mesh._devices import DeviceList
 
 MESH = fm.make_mesh((2, 4), ("dp", "tp"))
 VALUES = {
-    "DeviceList": MESH["tp", "dp"].device_list,
+    "DeviceRange": MESH["tp", "dp"].device_list,
+    "DeviceArray": fm.make_mesh((2, 4), ("dp", "tp"), devices=[7, 6, 5, 0, 1, 2, 3, 4]).device_list,
     "Layout": Layout((2, 3), (6, 1)),
     "Mesh": MESH["tp", "dp"],
     "PartitionSpec": P(("dp", "tp"), None, "cp"),
@@ -61,10 +63,12 @@ def test_the_device_list_is_read_only_all_the_way_down(devices):
     derived = [mesh, mesh["tp"], mesh.flatten(), mesh.transpose("tp", "dp"), mesh.unflatten("tp", {"a": 2, "b": 2})]
     before = [(m.groups().tolist(), m.num_devices, m.coordinate(5), hash(m), repr(m)) for m in derived]
     dl = mesh.device_list
+    kind = "DeviceRange" if devices is None else "DeviceArray"
+    assert type(dl).__name__ == kind and isinstance(dl, DeviceList)
     for name, value in [("_n", 3), ("_start", 1), ("_step", 2), ("_array", None), ("_hash", 0), ("_inverse", None)]:
-        with pytest.raises(AttributeError, match=r"DeviceList is read-only: cannot set '" + name):
+        with pytest.raises(AttributeError, match=kind + r" is read-only: cannot set '" + name):
             setattr(dl, name, value)
-        with pytest.raises(AttributeError, match=r"DeviceList is read-only: cannot delete '" + name):
+        with pytest.raises(AttributeError, match=kind + r" is read-only: cannot delete '" + name):
             delattr(dl, name)
     for array in (mesh.devices, dl.to_array()):  # the list's own ranks (groups() is a fresh array)
         with pytest.raises(ValueError, match="read-only"):
