@@ -117,3 +117,12 @@ docs: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(TITAN_VENV) .pytest_cache .hypothesis *.egg-info site
+
+# The GPU smoke run (tests/gpu/run.py, docs/reliability.md): realize, every collective, DTensor, shard_map,
+# torch.compile (inductor), FSDP2 + TP and abort on CUDA, each against one process; NCCL at world 1, 4
+# processes on gloo sharing the GPU, NCCL across GPUs when there are 2 or more. It uses the machine's own
+# python and torch (2.11 or newer) and installs nothing; without a GPU it says so and exits 0.
+GPU_PYTHON ?= python3
+.PHONY: gpu-smoke
+gpu-smoke:
+	PYTHONPATH=. $(GPU_PYTHON) tests/gpu/run.py

@@ -253,7 +253,11 @@ class _GroupMaker:
                 self._store(row, settings, pg if self.rank in row else None, label)
             return
         for row in missing:  # every rank, same order: c10d names groups by a shared counter
-            pg = dist.new_group(list(row), backend=settings.backend_arg, sort_ranks=False, **kwargs)
+            if _torch.NEW_GROUP_SORT_RANKS or list(row) == sorted(row):
+                pg = dist.new_group(list(row), backend=settings.backend_arg,
+                                    **({"sort_ranks": False} if _torch.NEW_GROUP_SORT_RANKS else {}), **kwargs)
+            else:  # torch 2.11's new_group sorts its ranks: the same group, in mesh order, through the boundary
+                pg = _torch.group_in_order(row, settings.backend_arg, **kwargs)
             if not isinstance(pg, dist.ProcessGroup):  # NON_GROUP_MEMBER on a rank outside the row
                 pg = None
             else:

@@ -47,6 +47,7 @@ reach this module only lazily (``NamedSharding.placements``) so that planning a 
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,7 +62,7 @@ from ._errors import MeshError, requires
 
 __all__ = ["PlacementPlan", "abort_groups", "all_gather", "all_reduce", "all_to_all", "can_split", "default_group",
            "default_store", "device_mesh_from_groups", "from_placements", "global_rank", "group_members",
-           "group_name", "group_timeout", "known_groups", "local_tensor", "mesh_parts", "one_rank_group", "op_overload_name", "pytree",
+           "group_in_order", "group_name", "group_timeout", "known_groups", "local_tensor", "mesh_parts", "one_rank_group", "op_overload_name", "pytree",
            "reduce_scatter", "register_flattened", "set_group_desc", "to_placements", "torch_function_mode_active",
            "trace_time_error"]
 
@@ -204,11 +205,41 @@ def one_rank_group(name: str, desc: str) -> Any:
     """
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
 
+    return _helper_group([dist.get_rank()], "fake", name, dist.constants.default_pg_timeout, desc, None)
+
+
+# torch >= 2.12: ``new_group(sort_ranks=False)`` keeps the caller's order (group rank = position in
+# ``ranks``); torch 2.11's ``new_group`` has no ``sort_ranks`` and always sorts (feature-detected).
+NEW_GROUP_SORT_RANKS = "sort_ranks" in inspect.signature(dist.new_group).parameters
+
+
+def group_in_order(ranks: Sequence[int], backend: str | None, *, timeout: Any, group_desc: str,
+                   pg_options: Any) -> Any:
+    """What ``new_group(ranks, sort_ranks=False)`` makes, on a torch whose ``new_group`` sorts (2.11).
+
+    Every rank of the world calls it, in the same order, as for ``new_group``: the group takes
+    the next name of torch's group counter, and its group ranks follow ``ranks``' order. Returns
+    ``None`` on a rank outside ``ranks``. Private: ``distributed_c10d._process_group_name``,
+    ``_new_process_group_helper`` and ``_world.pg_group_ranks`` (what ``new_group`` itself calls on
+    torch 2.11). Only ``_realize`` calls this, and only where ``NEW_GROUP_SORT_RANKS`` is false.
+    """
+    c10d = dist.distributed_c10d
+    backend_name = dist.Backend(backend or dist.get_backend())
+    timeout = timeout if timeout is not None else c10d._get_default_timeout(backend_name)
+    name = c10d._process_group_name(list(ranks), use_hashed_name=False)
+    pg = _helper_group(list(ranks), backend_name, name, timeout, group_desc, pg_options)
+    return pg if isinstance(pg, dist.ProcessGroup) else None
+
+
+def _helper_group(ranks: list[int], backend: Any, name: str, timeout: Any, desc: str, options: Any) -> Any:
+    """torch's private group constructor (``_new_process_group_helper``) for ``ranks`` in that order."""
     c10d = dist.distributed_c10d
     rank = dist.get_rank()
-    pg, _ = c10d._new_process_group_helper(1, 0, [rank], "fake", default_store(), name,
-                                          timeout=dist.constants.default_pg_timeout, group_desc=desc)
-    c10d._world.pg_group_ranks[pg] = {rank: 0}  # what new_group records after the helper
+    group_rank = ranks.index(rank) if rank in ranks else None
+    pg, _ = c10d._new_process_group_helper(len(ranks), group_rank, ranks, backend, default_store(), name,
+                                          backend_options=options, timeout=timeout, group_desc=desc)
+    if group_rank is not None:
+        c10d._world.pg_group_ranks[pg] = {r: i for i, r in enumerate(ranks)}  # what new_group records
     return pg
 
 
@@ -372,6 +403,18 @@ def device_mesh_from_groups(groups: Sequence[Any], device_type: str, submesh: np
     return dm
 
 
+def flat_layout(layout: Any) -> Any:
+    """The 1-dim ``_MeshLayout`` torch gives a flattened mesh of ``layout`` (private, feature-detected).
+
+    torch >= 2.13: ``_MeshLayout([layout.collapse()])`` (a list of flat layouts); torch 2.11 and 2.12:
+    ``layout.coalesce()``, nested when it keeps several modes (what their ``_flatten`` computes).
+    """
+    if hasattr(layout, "collapse"):
+        return _MeshLayout([layout.collapse()])
+    flat = layout.coalesce()
+    return flat.nest() if len(flat) > 1 else flat
+
+
 def register_flattened(root: DeviceMesh, names: tuple[str, ...], pg: Any) -> None:
     """Make ``root[names]._flatten()`` find the product group ``pg`` instead of creating a new one.
 
@@ -381,7 +424,7 @@ def register_flattened(root: DeviceMesh, names: tuple[str, ...], pg: Any) -> Non
     realize made, without creating one (private: ``_flatten_mapping``, ``_pg_registry``,
     ``_dim_group_names``, ``DeviceMesh(_layout=, _rank_map=, _root_mesh=, _init_backend=False)``).
     """
-    flat = DeviceMesh(root.device_type, _layout=_MeshLayout([root[names]._layout.collapse()]),
+    flat = DeviceMesh(root.device_type, _layout=flat_layout(root[names]._layout),
                       _rank_map=root._rank_map, mesh_dim_names=("_".join(names),), _root_mesh=root,
                       _init_backend=False)
     flat._dim_group_names = [pg.group_name]

@@ -204,7 +204,11 @@ def ours_apply(op: Op, m: fm.Mesh, root: fm.Mesh) -> fm.Mesh:
 
 def _table(dm: DeviceMesh, axis: int | None = None) -> np.ndarray:
     """The rank table torch creates process groups from: every submesh (of one axis)."""
-    layout = dm._layout if axis is None else _MeshLayout([dm._layout[axis]])
+    if axis is None:
+        layout = dm._layout
+    else:  # torch 2.11/2.12 index a _MeshLayout into a 1-dim _MeshLayout; 2.13+ into a flat layout to wrap
+        one = dm._layout[axis]
+        layout = one if isinstance(one, _MeshLayout) else _MeshLayout([one])
     return layout.remap_to_tensor(dm._rank_map).numpy().astype(np.int64)
 
 
