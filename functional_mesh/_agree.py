@@ -18,11 +18,11 @@ from typing import Any
 from . import _torch
 from ._errors import MeshError
 
-__all__: list[str] = []
+__all__ = ["agree", "next_call", "restart_numbering"]
 
 #
 # One bounded agreement through the default store serves realize (participants: the whole world)
-# and the opt-in collective check of collectives.py (participants: a group's members, or every
+# and the opt-in collective check of _steps.py (participants: a group's members, or every
 # device of a mesh). The first participant leads: it waits for every participant's request,
 # compares, and publishes a verdict that the others wait for. Each call of a participant set has
 # its own keys (a per-process call number, equal on every participant of an SPMD program), and
@@ -35,21 +35,21 @@ _CALLS: dict[str, int] = {}  # participant set -> agreements this process made i
 _LOCK = threading.Lock()
 
 
-def _restart_numbering() -> None:
+def restart_numbering() -> None:
     """Number every participant set's calls from 1 again (after ``fm.abort``: a re-formed job
     may hold new processes, which start at 1, beside the survivors)."""
     with _LOCK:
         _CALLS.clear()
 
 
-def _next_call(space: str) -> int:
+def next_call(space: str) -> int:
     """The number of this process's next agreement among the participant set named ``space``."""
     with _LOCK:
         n = _CALLS[space] = _CALLS.get(space, 0) + 1
     return n
 
 
-def _agree(api: str, rule: str, label: str, prefix: str, participants: Sequence[int], rank: int, request: str,
+def agree(api: str, rule: str, label: str, prefix: str, participants: Sequence[int], rank: int, request: str,
            wait_s: float) -> None:
     """Raise ``MeshError`` on every participant that got there unless all asked for ``request``.
 
@@ -143,3 +143,7 @@ def _compare(label: str, values: dict[int, str]) -> str:
     parts = "; ".join(f"ranks {ranks} asked for {v.split(' ', 1)[1]}" for v, ranks in
                       sorted(by_request.items(), key=lambda kv: (-len(kv[1]), kv[1])))
     return f"{label} differs across ranks: {parts}"
+
+
+# The names _steps still imports (until it switches to the public ones).
+_agree, _next_call = agree, next_call

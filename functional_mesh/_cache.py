@@ -1,26 +1,43 @@
-"""The process-wide group cache: realize's one piece of global mutable state, behind a lock.
+"""The process groups realize asks for, from birth to death: the one module that makes, lends,
+destroys and aborts them.
 
-Two levels (see ``_realize.py``): an *axis key* (canonical layout, device list, device type,
-backend, options) maps to this rank's group of that axis; each group is held under its
-*ordered* member tuple (+ backend + options), so axes reached by different paths share groups.
-Size-1 axes have no group; the one-rank group torch is lent for them is made by the first
-realize call that needs it (``self_group``). ``epoch`` counts :func:`clear_cache` and
-:func:`abort_all` calls: a realized mesh from an older epoch refuses to be used, and ``ended``
-says how its groups ended.
-Inspect it with :func:`cache_info`. Creates no process group; :func:`clear_cache` destroys those
-realize created.
+One cache per process (``CACHE``), behind a lock, in two levels (see ``_realize.py``): an *axis
+key* (canonical layout, device list, device type, backend, options) maps to this rank's group of
+that axis; each group is held under its *ordered* member tuple (+ backend + options), so axes
+reached by different paths share groups. A group's whole life is here:
+
+- made: :meth:`GroupCache.realize_groups` (one ``new_group`` per missing member tuple, one
+  ``split_group`` for an axis, or the default group borrowed), and the default group itself when
+  realize starts the job (:func:`init_default`);
+- lent: size-1 axes have no group; the one-rank group torch is lent for them (``rm.group``,
+  ``rm.device_mesh``) is made by the first realize call that needs it (``self_group``);
+- destroyed: :func:`clear_cache`;
+- aborted: :func:`abort_all` (``fm.abort``).
+
+``epoch`` counts :func:`clear_cache` and :func:`abort_all` calls: a realized mesh from an older
+epoch refuses to be used, and ``ended`` says how its groups ended. Inspect the cache with
+:func:`cache_info`. The decisions carried out here (which method makes a group) are pure
+functions of ``_realize_plan.py``.
 """
 
 from __future__ import annotations
 
+import datetime
 import threading
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import torch
 import torch.distributed as dist
 
 from . import _torch
+from ._agree import restart_numbering
+from ._errors import MeshError
+from ._mesh import Mesh
+from ._realize_plan import AxisSettings, InitPlan, creation_method
 
-__all__ = ["CACHE", "CacheInfo", "GroupCache", "abort_all", "cache_info", "clear_cache"]
+__all__ = ["CACHE", "CacheInfo", "Family", "GroupCache", "Realized", "Request", "abort_all", "cache_info",
+           "clear_cache", "init_default"]
 
 _ABORT_LOCK_WAIT_S = 1.0  # abort waits this long for a realize call in progress, then goes ahead
 
@@ -33,13 +50,45 @@ class CacheInfo(NamedTuple):
     groups: int
 
 
+class Request(NamedTuple):
+    """What making groups needs of one realize call."""
+
+    device_type: str
+    world: int
+    rank: int
+    default_backend: str
+    member: bool  # this rank is in the mesh (only a member is lent the one-rank group)
+
+
+class Family(NamedTuple):
+    """One realized key: an axis name or a product tuple, its 1-axis family and its settings."""
+
+    key: str | tuple[str, ...]
+    mesh: Mesh  # the family: one axis, whose groups are the key's groups
+    settings: AxisSettings
+
+    @property
+    def label(self) -> str:
+        """How group descriptions name the key: the axis, or a product's names joined by ``_``."""
+        return self.key if isinstance(self.key, str) else "_".join(self.key)
+
+
+class Realized(NamedTuple):
+    """What one realize call got from the cache."""
+
+    groups: dict[Any, Any]  # key -> this rank's group (None: not a member, or a size-1 family)
+    made: dict[Any, int]  # key -> member tuples made for it by this call
+    lent: Any  # the one-rank group lent for size-1 axes (None: no size-1 family, or not a member)
+    epoch: int  # the epoch the groups belong to
+
+
 class GroupCache:
     """Every group realize made, by axis key and by ordered member tuple; one per process (``CACHE``)."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.axes: dict[tuple, Any] = {}  # axis key -> this rank's group of that axis (None: not a member)
-        self.groups: dict[tuple, Any] = {}  # (members, backend, options) -> ProcessGroup | None
+        self.groups: dict[tuple, Any] = {}  # (members, settings key) -> ProcessGroup | None
         self.created: list[Any] = []  # ProcessGroups this process made (destroyed by clear_cache)
         self.labels: dict[Any, list[str]] = {}  # made group -> the axes it serves (its group_desc)
         self.self_group: Any = None  # this rank's one-rank fake-backend group, lent to torch for size-1 axes
@@ -47,19 +96,156 @@ class GroupCache:
         self.hits = 0
         self.misses = 0
         # The generation of the cache: a handle made at another epoch is stale (its groups were
-        # destroyed or aborted). A memo kept on a handle may be trusted while
-        # ``rm._epoch == CACHE.epoch``; otherwise ``rm._check_alive(api)`` raises MeshError.
+        # destroyed or aborted); ``ended`` says how, for the stale handle's message.
         self.epoch = 0
-        self.ended = ""  # how the last epoch's groups ended, for the stale handle's message
+        self.ended = ""
+
+    def realize_groups(self, families: Sequence[Family], request: Request) -> Realized:
+        """This rank's group of every family, made where missing; one pass, in the same order on every rank."""
+        groups: dict[Any, Any] = {}
+        made: dict[Any, int] = {}
+        with self.lock:
+            for family in families:
+                before = self.made
+                groups[family.key] = self._group_of_rank(family, request)
+                made[family.key] = self.made - before
+            # the one-rank group torch is lent for size-1 axes, made here so that the handle has no effects
+            lent = self._lent_group() if request.member and any(f.mesh.size == 1 for f in families) else None
+            return Realized(groups, made, lent, self.epoch)
+
+    def _group_of_rank(self, family: Family, request: Request) -> Any:
+        """This rank's group of one family (``None`` when not a member).
+
+        A group made for it is described as ``mesh_<label>`` (torch's ``group_desc``), and a group
+        that serves several axes names them all (``mesh_dp+batch``), so NCCL dumps and spmd_types
+        name axes.
+        """
+        mesh, settings = family.mesh, family.settings
+        (name,) = mesh.axis_names
+        if mesh.size == 1:  # creation_method's "none": no lookup, no group, no communicator
+            return None
+        axis_key = (mesh.axis_layout(name), mesh.device_list, request.device_type, settings.key)
+        if axis_key in self.axes:  # a hit: O(1), whatever the world size
+            self.hits += 1
+            mine = self.axes[axis_key]
+            self._describe(mine, family.label)
+            return mine
+        self.misses += 1
+        rows = tuple(tuple(r) for r in mesh.groups().reshape(mesh.num_groups, -1).tolist())
+        try:
+            self._create(rows, family.label, settings, request)
+        except RuntimeError as exc:  # c10d's DistStoreError / gloo errors: a member died or stopped
+            timeout = f"{settings.timeout.total_seconds():g} s" if settings.timeout else "torch's default timeout"
+            raise MeshError(
+                f"`realize` could not create the process groups of axis {name!r} (first {list(rows[0])}, "
+                f"{len(rows)} in all) within {timeout}: a member rank probably died or stopped calling realize "
+                f"(set realize(..., timeout=seconds) to fail sooner); torch said: {exc}") from exc
+        group = mesh.group_of(request.rank)
+        mine = None if group is None else self.groups[(tuple(group.reshape(-1).tolist()), settings.key)]
+        self.axes[axis_key] = mine
+        self._describe(mine, family.label)
+        return mine
+
+    def _create(self, rows: tuple[tuple[int, ...], ...], label: str, settings: AxisSettings,
+                request: Request) -> None:
+        missing = [r for r in rows if (r, settings.key) not in self.groups]
+        if not missing:
+            return
+        default = _torch.default_group()
+        borrow = settings.pg_options is None and settings.timeout in (None, _torch.group_timeout(default,
+                                                                                                  request.device_type))
+        method = creation_method(missing, request.world, request.default_backend, settings.backend,
+                                 _torch.can_split(default), borrow)
+        kwargs: dict[str, Any] = {"timeout": settings.timeout, "group_desc": f"mesh_{label}",
+                                  "pg_options": settings.pg_options}
+        if method == "default":
+            self.groups[(missing[0], settings.key)] = default
+            return
+        if method == "split":
+            pg = dist.split_group(split_ranks=[list(r) for r in missing], **kwargs)
+            # a rank in no split gets None (torch 2.13) or GroupMember.NON_GROUP_MEMBER, -100 (2.14+)
+            pg = pg if isinstance(pg, dist.ProcessGroup) else None
+            if pg is not None:
+                self.created.append(pg)
+            for row in missing:
+                self._store(row, settings, pg if request.rank in row else None, label)
+            return
+        for row in missing:  # every rank, same order: c10d names groups by a shared counter
+            if _torch.NEW_GROUP_SORT_RANKS or list(row) == sorted(row):
+                pg = dist.new_group(list(row), backend=settings.backend_arg,
+                                    **({"sort_ranks": False} if _torch.NEW_GROUP_SORT_RANKS else {}), **kwargs)
+            else:  # torch 2.11's new_group sorts its ranks: the same group, in mesh order, through the boundary
+                pg = _torch.group_in_order(row, settings.backend_arg, **kwargs)
+            if not isinstance(pg, dist.ProcessGroup):  # NON_GROUP_MEMBER on a rank outside the row
+                pg = None
+            else:
+                self.created.append(pg)
+            self._store(row, settings, pg, label)
+
+    def _store(self, row: tuple[int, ...], settings: AxisSettings, pg: Any, label: str) -> None:
+        self.groups[(row, settings.key)] = pg
+        self.made += 1
+        if pg is not None and pg not in self.labels:
+            self.labels[pg] = [label]
+
+    def _describe(self, pg: Any, label: str) -> None:
+        """Add ``label`` to the ``group_desc`` of a group realize made (never to the default group)."""
+        labels = self.labels.get(pg) if pg is not None else None
+        if labels is None or label in labels:
+            return
+        labels.append(label)
+        _torch.set_group_desc(pg, "mesh_" + "+".join(labels))
+
+    def _lent_group(self) -> Any:
+        """This rank's one-rank group on torch's fake backend, for torch's use of size-1 axes.
+
+        Made by the first realize call that realizes a size-1 axis (or product) on a member rank,
+        by this rank alone: it is not counted by torch's group counter, so ranks outside the mesh
+        stay in step with those inside. One per process until :func:`clear_cache` destroys it.
+        """
+        if self.self_group is None:
+            self.self_group = _torch.one_rank_group(f"functional_mesh_self_{dist.get_rank()}_{self.epoch}",
+                                                    "mesh_size1")
+            self.created.append(self.self_group)
+        return self.self_group
+
+    def info(self) -> CacheInfo:
+        """The counters, read under the lock."""
+        with self.lock:
+            return CacheInfo(self.hits, self.misses, self.made)
+
+    def ended_for(self, epoch: int) -> str:
+        """How the groups of ``epoch`` ended (``""``: they are the live ones)."""
+        return "" if epoch == self.epoch else self.ended
+
+    def forget(self, ended: str) -> list[Any]:
+        """Empty the cache, start a new epoch, and return the groups realize made."""
+        created, self.created = self.created, []
+        self.axes, self.groups, self.labels = {}, {}, {}
+        self.self_group = None
+        self.made = self.hits = self.misses = 0
+        self.ended = ended
+        self.epoch += 1
+        return created
 
 
 CACHE = GroupCache()
 
 
+def init_default(plan: InitPlan, timeout: datetime.timedelta | None) -> None:
+    """Start the job's default group as ``plan`` says (realize, when no default group exists)."""
+    kwargs: dict[str, Any] = {"backend": plan.backend}
+    if timeout is not None:
+        kwargs["timeout"] = timeout
+    if plan.device_index is not None:
+        torch.cuda.set_device(plan.device_index)
+        kwargs["device_id"] = torch.device("cuda", plan.device_index)
+    dist.init_process_group(**kwargs)
+
+
 def cache_info() -> CacheInfo:
     """Hits and misses of axis lookups, and how many distinct groups were created."""
-    with CACHE.lock:
-        return CacheInfo(CACHE.hits, CACHE.misses, CACHE.made)
+    return CACHE.info()
 
 
 def clear_cache() -> None:
@@ -70,7 +256,7 @@ def clear_cache() -> None:
     only forgotten.
     """
     with CACHE.lock:
-        created = _forget("clear_cache() destroyed")
+        created = CACHE.forget("clear_cache() destroyed")
         if dist.is_initialized():
             live = _torch.known_groups()
             for pg in created:
@@ -78,26 +264,18 @@ def clear_cache() -> None:
                     dist.destroy_process_group(pg)
 
 
-def abort_all() -> list[Any]:
-    """Forget every group realize made and return them, for the caller to abort (``fm.abort``).
+def abort_all() -> None:
+    """Abort every group realize made, forget them, and number checked calls from 1 again (``fm.abort``).
 
     Waits at most ``_ABORT_LOCK_WAIT_S`` for a realize call in progress (which may be stuck
-    creating groups with a dead peer), then goes ahead without the lock: abort must end.
+    creating groups with a dead peer), then goes ahead without the lock: abort must end. No
+    collective call.
     """
     locked = CACHE.lock.acquire(timeout=_ABORT_LOCK_WAIT_S)
     try:
-        return _forget("abort() aborted")
+        groups = CACHE.forget("abort() aborted")
     finally:
         if locked:
             CACHE.lock.release()
-
-
-def _forget(ended: str) -> list[Any]:
-    """Empty the cache, start a new epoch, and return the groups realize made."""
-    created, CACHE.created = CACHE.created, []
-    CACHE.axes, CACHE.groups, CACHE.labels = {}, {}, {}
-    CACHE.self_group = None
-    CACHE.made = CACHE.hits = CACHE.misses = 0
-    CACHE.ended = ended
-    CACHE.epoch += 1
-    return created
+    restart_numbering()
+    _torch.abort_groups(groups)

@@ -5,32 +5,32 @@ rank, coordinate and groups stay consistent because nothing can reassign them (s
 properties, :class:`~functional_mesh._validate.Frozen`). It also owns the ``with rm:`` stack and
 :func:`resolve_mesh`, the ``mesh=None`` → current-mesh rule every axis-name op uses. Creates no
 process group: its torch ``DeviceMesh`` wraps the groups realize made.
+
+Other modules read a handle through the functions at the end of this module (``hop_of``,
+``index_along``, ``check_alive``, ``recall``/``remember``, ``selected_from``), never through its
+slots: what the collectives and the region keep per handle lives in the handle's memo, valid
+while its groups live.
 """
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 
 from . import _torch
-from ._agree import _restart_numbering
 from ._cache import CACHE, abort_all
+from ._context import ContextStack
 from ._errors import MeshError, requires
 from ._mesh import Mesh, axes_size, axis_position, select
 from ._validate import Frozen, as_name_tuple
 
-__all__ = ["Hop", "RealizedMesh", "abort", "current_mesh", "hop_of", "index_along", "resolve_mesh"]
+__all__ = ["Hop", "RealizedMesh", "abort", "check_alive", "current_mesh", "hop_of", "index_along", "recall",
+           "remember", "resolve_mesh", "selected_from"]
 
-_CURRENT: contextvars.ContextVar[tuple[RealizedMesh, ...]] = contextvars.ContextVar("functional_mesh_current",
-                                                                                     default=())
-
-
-# The same meshes, for torch.compile: it cannot trace ContextVar.get, but it reads (and guards
-# on) a module-level list. Compiled code sees the innermost `with rm:` of the process.
-_ENTERED: list[RealizedMesh] = []
+# The `with rm:` meshes: per thread/task eagerly; compiled code sees the innermost of the process.
+_CURRENT: ContextStack[RealizedMesh] = ContextStack("functional_mesh_current", shared=True)
 
 
 def current_mesh() -> RealizedMesh | None:
@@ -39,10 +39,7 @@ def current_mesh() -> RealizedMesh | None:
     Under ``torch.compile``: the innermost ``with rm:`` of the process (enter it outside the
     compiled function; threads that enter different meshes should pass ``mesh=`` instead).
     """
-    if torch.compiler.is_compiling():
-        return _ENTERED[-1] if _ENTERED else None
-    stack = _CURRENT.get()
-    return stack[-1] if stack else None
+    return _CURRENT.top()
 
 
 def resolve_mesh(api: str, mesh: object) -> RealizedMesh:
@@ -96,8 +93,9 @@ class RealizedMesh(Frozen):
                   # the one-rank group lent to torch for size-1 axes, made by realize (None: no size-1
                   # axis realized, or this rank is outside the mesh)
                   "_self_group": self_group,
-                  # the collectives' resolved axes by the ``axis`` argument (_collectives.resolve_axes):
-                  # validated once per handle and axes, then a dict lookup per call
+                  # what other modules keep per handle (recall/remember): the collectives' resolved
+                  # axes by the ``axis`` argument, validated once per handle and axes, then a dict
+                  # lookup per call; the region boundary's plans
                   "_memo": {}}
         # Plain dicts of ints and strings, computed once: what the collectives read per call, so
         # torch.compile traces dictionary lookups, not the mesh algebra.
@@ -116,16 +114,13 @@ class RealizedMesh(Frozen):
         "_coordinate", "This rank's coordinate in its submesh (mesh order), ``None`` when outside the mesh.")
 
     def _check_alive(self, api: str) -> None:
-        """Raise ``MeshError`` when this handle's groups were destroyed (clear_cache) or aborted (abort).
-
-        The hook for anything that memoises per handle (``_memo``): a memo is valid while
-        ``self._epoch == CACHE.epoch``; otherwise call this, which raises.
-        """
-        if self._epoch != CACHE.epoch:
+        """Raise ``MeshError`` when this handle's groups were destroyed (clear_cache) or aborted (abort)."""
+        ended = CACHE.ended_for(self._epoch)
+        if ended:
             again = ("call realize(mesh) again (after re-forming the default group if a peer died)"
-                     if CACHE.ended.startswith("abort") else "call realize(mesh) again")
+                     if ended.startswith("abort") else "call realize(mesh) again")
             raise MeshError(f"`{api}` requires a realized mesh whose groups still exist, but got {self!r}, "
-                            f"whose groups {CACHE.ended}; {again}")
+                            f"whose groups {ended}; {again}")
 
     def abort(self) -> None:
         """Abort every process group realize made in this process; no collective call.
@@ -277,18 +272,12 @@ class RealizedMesh(Frozen):
 
     def __enter__(self) -> RealizedMesh:
         self._check_alive("with RealizedMesh")
-        _CURRENT.set(_CURRENT.get() + (self,))
-        _ENTERED.append(self)
+        _CURRENT.push(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        # The stack is per thread/task (a context variable), so no token is kept on the shared
-        # object: two threads may enter and leave the same realized mesh in any order.
-        _CURRENT.set(_CURRENT.get()[:-1])
-        for i in range(len(_ENTERED) - 1, -1, -1):  # this mesh's last entry (threads may interleave)
-            if _ENTERED[i] is self:
-                del _ENTERED[i]
-                break
+        # Nothing is kept on the shared handle: two threads may enter and leave it in any order.
+        _CURRENT.pop(self, torch.compiler.is_compiling())
 
     def __reduce__(self):
         raise TypeError(
@@ -323,6 +312,38 @@ def _row_major(axes: tuple[str, ...], sizes: dict[str, int], index: dict[str, in
     for a in axes:
         at = at * sizes[a] + index[a]
     return at
+
+
+# -- what other modules read of a handle -------------------------------------------------------------
+
+
+def check_alive(rm: RealizedMesh, api: str) -> None:
+    """Raise ``MeshError`` (naming ``api``) when ``rm``'s groups were destroyed or aborted."""
+    rm._check_alive(api)
+
+
+def recall(rm: RealizedMesh, key: Any) -> Any:
+    """What :func:`remember` kept on ``rm`` under ``key``, while its groups live; else ``None``.
+
+    One dict lookup and one epoch comparison: the collectives call it on every call. An
+    unhashable ``key`` (a list of axis names) is never kept.
+    """
+    try:
+        found = rm._memo.get(key)
+    except TypeError:
+        return None
+    return found if found is not None and rm._epoch == CACHE.epoch else None
+
+
+def remember(rm: RealizedMesh, key: Any, value: Any) -> Any:
+    """Keep ``value`` on ``rm`` under ``key`` (read back by :func:`recall`), and return it."""
+    rm._memo[key] = value
+    return value
+
+
+def selected_from(rm: RealizedMesh) -> Mesh | None:
+    """The mesh of the realized mesh ``rm`` was selected from (``rm[...]``), or ``None`` for a root."""
+    return None if rm._root is None else rm._root.mesh
 
 
 def index_along(rm: RealizedMesh, axes: tuple[str, ...]) -> int:
@@ -362,6 +383,4 @@ def abort(rm: RealizedMesh | None = None) -> None:
     """
     if rm is not None and not isinstance(rm, RealizedMesh):
         raise TypeError(requires("abort", "rm=None or a RealizedMesh", "rm", rm))
-    groups = abort_all()
-    _restart_numbering()
-    _torch.abort_groups(groups)
+    abort_all()

@@ -104,8 +104,9 @@ _BUILT_WHILE_TRACING = ("`{api}` requires, under torch.compile, a sharding whose
 
 def _built_while_tracing(mesh: Mesh) -> bool:
     """Whether ``mesh`` was made inside the function dynamo traces: then a plan gets dynamo's unfinished
-    object (its attributes are only in dynamo's record of the trace), not a Mesh."""
-    return not hasattr(mesh, "_axis_names")
+    object (its attributes are only in dynamo's record of the trace, so reading its axis names fails), not a
+    Mesh."""
+    return not hasattr(mesh, "axis_names")
 
 
 def sharding_of(dtensor: DTensor) -> NamedSharding:

@@ -24,11 +24,13 @@ replicate dim; ``distribute_tensor`` broadcasts and scatters over every dim), so
 ``rm.group(axis)`` and ``rm.device_mesh`` lend it this rank's one-rank group on torch's fake
 backend, whose collectives are exact for one rank and use no communicator. That group is made
 by the first realize call that needs it (a size-1 axis or product, on a member rank), by this
-rank alone, outside torch's group counter (:func:`_self_group`), and shared by every size-1 axis
-until :func:`clear_cache`: the handle and interop only read it, so they have no effects.
+rank alone, outside torch's group counter, and shared by every size-1 axis until
+:func:`clear_cache`: the handle and interop only read it, so they have no effects.
 
-Only this module creates process groups. The decisions it carries out are pure functions in
-``_realize_plan.py``; the cache it fills is ``_cache.py``; the handle it returns is ``_handle.py``.
+This module turns the call into a request: it checks the arguments, resolves each axis's
+settings, compares the request across ranks (``_agree.py``) and hands back the handle
+(``_handle.py``). The decisions are pure functions in ``_realize_plan.py``; the groups themselves
+are made, lent, destroyed and aborted by one module, ``_cache.py``.
 """
 
 from __future__ import annotations
@@ -42,9 +44,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import _torch
-from ._agree import _agree, _next_call
-from ._cache import CACHE
+from ._agree import agree, next_call
+from ._cache import CACHE, Family, Request, init_default
 from ._errors import MeshError, requires
 from ._handle import RealizedMesh
 from ._mesh import Mesh
@@ -54,7 +55,6 @@ from ._realize_plan import (
     as_timeout,
     axis_report,
     check_timeout_seconds,
-    creation_method,
     describe_options,
     describe_request,
     per_axis,
@@ -129,7 +129,8 @@ def realize(
     options = per_axis(mesh, keys, pg_options, "pg_options", lambda v: v)
     one_backend = None if isinstance(backend, Mapping) else as_backend(backend)
     if not dist.is_initialized():
-        _init_default(device_type, one_backend, None if isinstance(timeout, Mapping) else as_timeout(timeout))
+        init_default(plan_init(dict(os.environ), torch.cuda.is_available(), device_type, one_backend),
+                     None if isinstance(timeout, Mapping) else as_timeout(timeout))
     default_backend = str(dist.get_backend())
     cuda = torch.cuda.is_available()
     device_type, backend_name, backend_arg = resolve_backend(default_backend, device_type, one_backend, cuda)
@@ -144,29 +145,19 @@ def realize(
         raise MeshError(requires("realize", f"devices that are ranks of the world (0..{world - 1})",
                                  "largest device", mesh.device_list.max()), mesh=mesh)
     if wait_s is not None and backend_name != "fake":
-        call = _next_call("realize")  # only checked calls are numbered: unchecked lookups shift nothing
+        call = next_call("realize")  # only checked calls are numbered: unchecked lookups shift nothing
         request = describe_request(mesh, device_type, settings, products_t, axes_t)
         _check_same_request(call, request, rank, world, wait_s)
-    families = [(name, mesh[name]) for name in axes_t]
-    families += [(axes, mesh[axes].flatten(name="product")) for axes in products_t]
-    maker = _GroupMaker(device_type, world, rank, default_backend)
-    groups: dict[Any, Any] = {}
-    made: dict[Any, int] = {}
-    with CACHE.lock:
-        for key, family in families:
-            before = CACHE.made
-            groups[key] = maker.group_of_rank(family, key if isinstance(key, str) else "_".join(key), settings[key])
-            made[key] = CACHE.made - before
-        # the one-rank group torch is lent for size-1 axes, made here so that the handle has no effects
-        lent = (_self_group() if mesh.coordinate(rank) is not None and any(f.size == 1 for _, f in families)
-                else None)
-        epoch = CACHE.epoch
+    families = [Family(name, mesh[name], settings[name]) for name in axes_t]
+    families += [Family(axes, mesh[axes].flatten(name="product"), settings[axes]) for axes in products_t]
+    got = CACHE.realize_groups(families, Request(device_type, world, rank, default_backend,
+                                                 mesh.coordinate(rank) is not None))
     level = logging.INFO if rank == 0 else logging.DEBUG  # the lines are equal on every rank
     if _LOG.isEnabledFor(level):
-        for line in axis_report(mesh, [(key, family, made[key]) for key, family in families],
+        for line in axis_report(mesh, [(f.key, f.mesh, got.made[f.key]) for f in families],
                                 os.environ.get("LOCAL_WORLD_SIZE")):
             _LOG.log(level, "rank %d: %s", rank, line)
-    return RealizedMesh(mesh, device_type, backend_name, groups, rank, epoch, root=None, self_group=lent)
+    return RealizedMesh(mesh, device_type, backend_name, got.groups, rank, got.epoch, root=None, self_group=got.lent)
 
 
 def _check_available(device_type: str, backend_name: str, backend_arg: str | None) -> None:
@@ -180,127 +171,12 @@ def _check_available(device_type: str, backend_name: str, backend_arg: str | Non
         raise MeshError(requires("realize", "a backend available in this torch build", "backend", backend_arg, valid))
 
 
-def _init_default(device_type: str | None, backend: str | None, timeout: datetime.timedelta | None) -> None:
-    plan = plan_init(dict(os.environ), torch.cuda.is_available(), device_type, backend)
-    kwargs: dict[str, Any] = {"backend": plan.backend}
-    if timeout is not None:
-        kwargs["timeout"] = timeout
-    if plan.device_index is not None:
-        torch.cuda.set_device(plan.device_index)
-        kwargs["device_id"] = torch.device("cuda", plan.device_index)
-    dist.init_process_group(**kwargs)
-
-
-class _GroupMaker:
-    """One realize call's parameters; makes (or finds) the groups of an axis family."""
-
-    def __init__(self, device_type: str, world: int, rank: int, default_backend: str) -> None:
-        self.device_type, self.world, self.rank, self.default_backend = device_type, world, rank, default_backend
-
-    def group_of_rank(self, family: Mesh, label: str, settings: AxisSettings) -> Any:
-        """This rank's group of the 1-axis ``family`` (``None`` when not a member).
-
-        ``label`` names the axis (a product's names joined by ``_``): a group made for it is
-        described as ``mesh_<label>`` (torch's ``group_desc``), and a group that serves several
-        axes names them all (``mesh_dp+batch``), so NCCL dumps and spmd_types name axes.
-        """
-        (name,) = family.axis_names
-        if family.size == 1:  # creation_method's "none": no lookup, no group, no communicator
-            return None
-        axis_key = (family.axis_layout(name), family.device_list, self.device_type, settings.key)
-        if axis_key in CACHE.axes:  # a hit: O(1), whatever the world size
-            CACHE.hits += 1
-            mine = CACHE.axes[axis_key]
-            _describe_group(mine, label)
-            return mine
-        CACHE.misses += 1
-        rows = tuple(tuple(r) for r in family.groups().reshape(family.num_groups, -1).tolist())
-        try:
-            self._create(rows, label, settings)
-        except RuntimeError as exc:  # c10d's DistStoreError / gloo errors: a member died or stopped
-            timeout = f"{settings.timeout.total_seconds():g} s" if settings.timeout else "torch's default timeout"
-            raise MeshError(
-                f"`realize` could not create the process groups of axis {name!r} (first {list(rows[0])}, "
-                f"{len(rows)} in all) within {timeout}: a member rank probably died or stopped calling realize "
-                f"(set realize(..., timeout=seconds) to fail sooner); torch said: {exc}") from exc
-        group = family.group_of(self.rank)
-        mine = None if group is None else CACHE.groups[(tuple(group.reshape(-1).tolist()), settings.key)]
-        CACHE.axes[axis_key] = mine
-        _describe_group(mine, label)
-        return mine
-
-    def _create(self, rows: tuple[tuple[int, ...], ...], label: str, settings: AxisSettings) -> None:
-        missing = [r for r in rows if (r, settings.key) not in CACHE.groups]
-        if not missing:
-            return
-        default = _torch.default_group()
-        borrow = settings.pg_options is None and settings.timeout in (None, _torch.group_timeout(default,
-                                                                                                  self.device_type))
-        method = creation_method(missing, self.world, self.default_backend, settings.backend,
-                                 _torch.can_split(default), borrow)
-        kwargs: dict[str, Any] = {"timeout": settings.timeout, "group_desc": f"mesh_{label}",
-                                  "pg_options": settings.pg_options}
-        if method == "default":
-            CACHE.groups[(missing[0], settings.key)] = default
-            return
-        if method == "split":
-            pg = dist.split_group(split_ranks=[list(r) for r in missing], **kwargs)
-            # a rank in no split gets None (torch 2.13) or GroupMember.NON_GROUP_MEMBER, -100 (2.14+)
-            pg = pg if isinstance(pg, dist.ProcessGroup) else None
-            if pg is not None:
-                CACHE.created.append(pg)
-            for row in missing:
-                self._store(row, settings, pg if self.rank in row else None, label)
-            return
-        for row in missing:  # every rank, same order: c10d names groups by a shared counter
-            if _torch.NEW_GROUP_SORT_RANKS or list(row) == sorted(row):
-                pg = dist.new_group(list(row), backend=settings.backend_arg,
-                                    **({"sort_ranks": False} if _torch.NEW_GROUP_SORT_RANKS else {}), **kwargs)
-            else:  # torch 2.11's new_group sorts its ranks: the same group, in mesh order, through the boundary
-                pg = _torch.group_in_order(row, settings.backend_arg, **kwargs)
-            if not isinstance(pg, dist.ProcessGroup):  # NON_GROUP_MEMBER on a rank outside the row
-                pg = None
-            else:
-                CACHE.created.append(pg)
-            self._store(row, settings, pg, label)
-
-    def _store(self, row: tuple[int, ...], settings: AxisSettings, pg: Any, label: str) -> None:
-        CACHE.groups[(row, settings.key)] = pg
-        CACHE.made += 1
-        if pg is not None and pg not in CACHE.labels:
-            CACHE.labels[pg] = [label]
-
-
-def _self_group() -> Any:
-    """This rank's one-rank group on torch's fake backend, for torch's use of size-1 axes.
-
-    Made by the first realize call that realizes a size-1 axis (or product) on a member rank, by
-    this rank alone: it is not counted by torch's group counter, so ranks outside the mesh stay in
-    step with those inside. One per process until :func:`clear_cache` destroys it.
-    """
-    with CACHE.lock:
-        if CACHE.self_group is None:
-            pg = _torch.one_rank_group(f"functional_mesh_self_{dist.get_rank()}_{CACHE.epoch}", "mesh_size1")
-            CACHE.created.append(pg)
-            CACHE.self_group = pg
-        return CACHE.self_group
-
-
-def _describe_group(pg: Any, label: str) -> None:
-    """Add ``label`` to the ``group_desc`` of a group realize made (never to the default group)."""
-    labels = CACHE.labels.get(pg) if pg is not None else None
-    if labels is None or label in labels:
-        return
-    labels.append(label)
-    _torch.set_group_desc(pg, "mesh_" + "+".join(labels))
-
-
 # -- divergence check (the agreement itself lives in _agree.py) ----------------------------------
 
 
 def _check_same_request(call: int, request: str, rank: int, world: int, wait_s: float) -> None:
     """realize's check: the whole world, led by rank 0, compares the request of call ``call``."""
-    _agree("realize", "every rank to call it with an equal mesh", f"realize call #{call}",
-           f"{_STORE_PREFIX}/{call}", range(world), rank, request, wait_s)
+    agree("realize", "every rank to call it with an equal mesh", f"realize call #{call}",
+          f"{_STORE_PREFIX}/{call}", range(world), rank, request, wait_s)
 
 

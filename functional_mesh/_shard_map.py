@@ -42,7 +42,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from . import _collectives as C
 from . import _torch, _vma
 from ._errors import MeshError, UnknownAxisError, requires
-from ._handle import RealizedMesh, resolve_mesh
+from ._handle import RealizedMesh, recall, remember, resolve_mesh, selected_from
 from ._interop import sharding_of
 from ._layout import row_major_strides
 from ._mesh import axes_size
@@ -145,7 +145,7 @@ class _Region:
 
     def cast(self, x: torch.Tensor, axes: frozenset[str]) -> torch.Tensor:
         """The implicit ``pvary``: identity forward, ``psum`` over ``axes`` backward."""
-        y = C.PVARY.run(C.bind(C.PVARY, x, tuple(sorted(axes)), self.rm, {}))
+        y = _pvary(self.rm, x, tuple(sorted(axes)))
         self.record(y, self.type_of(x) | axes)
         return y
 
@@ -182,8 +182,13 @@ class _Region:
 
 def _selected(rm: RealizedMesh) -> str:
     """", a selection of (dp, tp)" for a region over a selection of a bigger realized mesh."""
-    root = rm._root
-    return "" if root is None else f", a selection of ({', '.join(root.mesh.axis_names)})"
+    root = selected_from(rm)
+    return "" if root is None else f", a selection of ({', '.join(root.axis_names)})"
+
+
+def _pvary(rm: RealizedMesh, x: torch.Tensor, axes: tuple[str, ...]) -> torch.Tensor:
+    """The cast the region makes itself (no type recorded): identity forward, ``psum`` over ``axes`` backward."""
+    return C.PVARY.run(C.bind(C.PVARY, x, axes, rm, {}))
 
 
 class _Scale(torch.autograd.Function):
@@ -533,11 +538,10 @@ def _plan_of(rm: RealizedMesh, entries: tuple[Any, ...], check_vma: bool) -> _Pl
 def _plan(region: _Region, spec: PartitionSpec) -> _Plan:
     if region.traced:
         return _plan_of(region.rm, tuple(spec), region.check_vma)
-    memo = region.rm._memo  # eagerly: the handle keeps its plans (one dict lookup per leaf and call)
-    key = (_Plan, spec, region.check_vma)
-    plan = memo.get(key)
+    key = (_Plan, spec, region.check_vma)  # eagerly: the handle keeps its plans (one dict lookup per leaf and call)
+    plan = recall(region.rm, key)
     if plan is None:
-        plan = memo[key] = _plan_of(region.rm, tuple(spec), region.check_vma)
+        plan = remember(region.rm, key, _plan_of(region.rm, tuple(spec), region.check_vma))
     return plan
 
 
@@ -578,7 +582,7 @@ def _enter(region: _Region, path: Any, value: torch.Tensor, plan: _Plan) -> torc
             local = C.local_block(local, axes, dim, mesh=rm)
     # untyped: psum the cotangent over the unnamed axes (JAX's convention; typed, the rules make it
     # invariant there already)
-    return C.PVARY.run(C.bind(C.PVARY, local, plan.unnamed, rm, {})) if plan.unnamed else local
+    return _pvary(rm, local, plan.unnamed) if plan.unnamed else local
 
 
 def _describe(value: DTensor) -> str:
@@ -630,7 +634,7 @@ def _exit(region: _Region, local: torch.Tensor, plan: _Plan) -> DTensor:
         missing = plan.axes - region.type_of(local)
         region.forget(local)
         if missing:  # invariant over a named axis: copies are concatenated, so the cotangent sums
-            local = C.PVARY.run(C.bind(C.PVARY, local, tuple(sorted(missing)), rm, {}))
+            local = _pvary(rm, local, tuple(sorted(missing)))
     elif plan.unnamed:
         local = _Scale.apply(local, 1.0 / axes_size(rm, plan.unnamed))
     # the global shape: each dim's local size times the size of its axes; contiguous strides

@@ -12,7 +12,7 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "functional_mesh"
 GROUP_CREATION = re.compile(r"\b(new_group|split_group|init_process_group|new_subgroups|one_rank_group|"
-                            r"_new_process_group_helper)\b")
+                            r"group_in_order|_new_process_group_helper)\b")
 
 
 def _group_creating_calls(path: pathlib.Path) -> list[str]:
@@ -26,11 +26,14 @@ def _group_creating_calls(path: pathlib.Path) -> list[str]:
     return found
 
 
-def test_only_realize_creates_process_groups():
+def test_only_the_group_cache_creates_process_groups():
+    """One module owns a group's life (functional_mesh/README.md): ``_cache`` makes every group realize
+    asks for (and the default group, when realize starts the job), lends, destroys and aborts them."""
     calls = {p.name: _group_creating_calls(p) for p in PACKAGE.glob("*.py")}
-    assert calls.pop("_realize.py"), "the reader sees no group creation in _realize.py"
+    made = {c.split()[1] for c in calls.pop("_cache.py")}
+    assert {"new_group", "split_group", "init_process_group", "one_rank_group"} <= made, made  # the reader sees them
     # the torch boundary wraps torch's private constructor once (_torch.one_rank_group, the group
-    # lent for size-1 axes); _realize is its only caller
+    # lent for size-1 axes, and _torch.group_in_order on torch 2.11); _cache is their only caller
     assert [c.split()[1] for c in calls.pop("_torch.py")] == ["_new_process_group_helper"]
     assert [c for found in calls.values() for c in found] == []
 
@@ -74,6 +77,7 @@ def test_pure_planning_needs_no_torch():
         "import sys, functional_mesh as fm\n"
         "m = fm.make_mesh((2, 2, 2), ('dp', 'cp', 'tp'))\n"
         "m.flatten(('dp', 'cp')).unflatten('dp_cp', {'x': 4})['x', 'tp'].groups()\n"
+        "m['tp'].groups(); m.flatten(); m.coordinate(3); m.group_of(5)\n"
         "print('torch' in sys.modules)"
     )
     assert run_python(code) == ["False"]

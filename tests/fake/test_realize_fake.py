@@ -580,7 +580,7 @@ def test_realize_and_the_collective_check_number_their_calls_with_one_counter():
     from functional_mesh import _agree, _cache, _realize
 
     assert not hasattr(_cache.CACHE, "calls")
-    assert _realize._next_call is _agree._next_call
+    assert _realize.next_call is _agree.next_call
 
 
 # -- per-axis settings and abort -----------------------------------------------------------------
@@ -670,9 +670,9 @@ def test_abort_restarts_the_numbering_of_checked_calls():
     # a re-formed job may mix survivors (at call #n) and fresh processes (at #1): numbering restarts
     from functional_mesh import _agree
 
-    _agree._next_call("realize")
+    _agree.next_call("realize")
     fm.abort()
-    assert _agree._next_call("realize") == 1
+    assert _agree.next_call("realize") == 1
 
 
 def test_clear_cache_after_torch_destroyed_every_group_only_forgets_them():

@@ -1,0 +1,76 @@
+"""A stack of values that eager code reads per thread or task, and compiled code can read too.
+
+Two things are such a stack: the ``with rm:`` meshes (``_handle``) and the open ``shard_map``
+region (``_collectives``). Eager code reads a context variable, so each thread and asyncio task
+has its own stack. torch.compile cannot trace ``ContextVar.get``, but it reads (and guards on) a
+module-level list, so each stack keeps one for compiled code:
+
+- a value pushed while tracing goes on the list only; eager code that runs between a compiled
+  function's graphs sees it there, when its own stack is empty;
+- a value pushed eagerly goes on the list as well when the stack is ``shared``: compiled code then
+  sees the innermost value of the process (``with rm:`` entered outside a compiled function and
+  read inside it). An unshared stack keeps eager values to eager code (a region opened eagerly is
+  no part of any compiled program).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Generic, TypeVar
+
+import torch
+
+__all__ = ["ContextStack"]
+
+T = TypeVar("T")
+
+
+class ContextStack(Generic[T]):
+    """Values pushed and popped in ``with`` blocks, read by eager and compiled code alike."""
+
+    __slots__ = ("_var", "_list", "_shared")
+
+    def __init__(self, name: str, *, shared: bool) -> None:
+        self._var: contextvars.ContextVar[tuple[T, ...]] = contextvars.ContextVar(name, default=())
+        self._list: list[T] = []  # what compiled code reads (and eager code between graphs, unshared)
+        self._shared = shared
+
+    def top(self, compiling: bool | None = None) -> T | None:
+        """The innermost value, or ``None`` (``compiling``: ``torch.compiler.is_compiling()``, if known)."""
+        if compiling is None:
+            compiling = torch.compiler.is_compiling()
+        if compiling:
+            return self._list[-1] if self._list else None
+        stack = self._var.get()
+        if stack:
+            return stack[-1]
+        return self._list[-1] if self._list and not self._shared else None
+
+    def push(self, value: T) -> bool:
+        """Make ``value`` the innermost; returns whether it was pushed while tracing (give it to :meth:`pop`)."""
+        if torch.compiler.is_compiling():
+            self._list.append(value)
+            return True
+        self._var.set(self._var.get() + (value,))
+        if self._shared:
+            self._list.append(value)
+        return False
+
+    def pop(self, value: T, traced: bool) -> None:
+        """Undo the :meth:`push` of ``value`` (``traced``: what that push returned).
+
+        Eagerly the context's innermost value goes (a ``with`` block leaves in order within its
+        thread); on the list the last entry of ``value``, since threads may leave in any order.
+        """
+        if not traced:
+            self._var.set(self._var.get()[:-1])
+            if not self._shared:
+                return
+        entries = self._list
+        if entries and entries[-1] is value:
+            entries.pop()
+            return
+        for i in range(len(entries) - 1, -1, -1):
+            if entries[i] is value:
+                del entries[i]
+                return
