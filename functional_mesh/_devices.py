@@ -26,10 +26,11 @@ from __future__ import annotations
 import hashlib
 import sys
 
+import attrs
 import numpy as np
 
 from ._errors import MeshError, requires
-from ._validate import MAX_RANK, Frozen, as_int_array
+from ._validate import MAX_RANK, Frozen, as_int, as_int_array
 
 __all__ = ["DeviceArray", "DeviceList", "DeviceRange"]
 
@@ -48,9 +49,9 @@ class DeviceList(Frozen):
         True
     """
 
-    __slots__ = ("_n", "_hash")
-    _n: int
-    _hash: int
+    __slots__ = ()
+    _n: int  # set by each kind
+    _hash: int  # set by each kind
 
     def __init__(self) -> None:  # use the classmethods
         raise TypeError("use DeviceList.iota, DeviceList.from_range or DeviceList.from_values")
@@ -160,31 +161,61 @@ class DeviceList(Frozen):
         raise NotImplementedError
 
 
+@attrs.frozen(weakref_slot=False, eq=False, repr=False)  # DeviceList's equality, hash and text
 class DeviceRange(DeviceList):
     """The ranks ``start, start + step, ...`` (``n`` of them), any non-zero step: three ints, never materialised.
 
     Normal form: a list of 0 or 1 ranks has step 1 (and 0 ranks start 0), so a range is
-    determined by its elements. Every answer is O(1) or O(size of the answer).
+    determined by its elements. Every answer is O(1) or O(size of the answer). A frozen attrs
+    class: ``attrs.evolve(r, n=...)`` re-validates.
+
+    Args:
+        n: the number of ranks, non-negative.
+        start: the first rank.
+        step: the difference of consecutive ranks; any int but 0 (when ``n > 1``).
+
+    Raises:
+        MeshError: a negative ``n``, a step of 0, or a rank below 0 or above ``2**63 - 1``.
+        TypeError: arguments that are not ints.
 
     Examples:
-        >>> r = DeviceList.from_range(range(14, -1, -2))
-        >>> r, r[1], r.index_of(4), r.max()
-        (DeviceList(14..0 step -2), 12, 5, 14)
+        >>> r = DeviceRange(8, 14, -2)
+        >>> r, r[1], r.index_of(4), r.max(), r == DeviceList.from_values("make_mesh", range(14, -1, -2))
+        (DeviceList(14..0 step -2), 12, 5, 14, True)
     """
 
-    __slots__ = ("_start", "_step")
+    _n: int
     _start: int
     _step: int
+    _hash: int = attrs.field(init=False, eq=False, repr=False)
+
+    def __init__(self, n: int, start: int, step: int) -> None:
+        api = "DeviceRange"
+        n, start, step = as_int(api, "n", n), as_int(api, "start", start), as_int(api, "step", step)
+        if n < 0:
+            raise MeshError(requires(api, "a non-negative number of devices", "n", n))
+        if n > 1 and step == 0:
+            raise MeshError(requires(api, "a non-zero step (distinct ranks)", "step", step))
+        last = start + step * (n - 1)
+        if n and min(start, last) < 0:
+            raise MeshError(requires(api, "non-negative global ranks", "devices", f"{start}..{last} step {step}"))
+        if n and max(start, last) > MAX_RANK:
+            raise MeshError(requires(api, f"global ranks up to {MAX_RANK}", "devices", f"{start}..{last} step {step}"))
+        self._set(n, start, step)
 
     @classmethod
     def _make(cls, n: int, start: int, step: int) -> DeviceRange:
+        """A range whose parts are known to be valid ints (the constructors' fast path)."""
         self = object.__new__(cls)
+        self._set(n, start, step)
+        return self
+
+    def _set(self, n: int, start: int, step: int) -> None:
         if n <= 1:  # normal form: a range is determined by its elements
             step = 1
             start = start if n else 0
         for name, value in (("_n", n), ("_start", start), ("_step", step), ("_hash", hash(("range", n, start, step)))):
             object.__setattr__(self, name, value)
-        return self
 
     @property
     def is_symbolic(self) -> bool:
@@ -244,7 +275,7 @@ class DeviceArray(DeviceList):
         (DeviceList([7, 6, 5, 4, 3, …, 9] (8)), 7, 9)
     """
 
-    __slots__ = ("_array", "_inverse")
+    __slots__ = ("_n", "_hash", "_array", "_inverse")
     _array: np.ndarray
     _inverse: tuple[np.ndarray, np.ndarray] | None
 

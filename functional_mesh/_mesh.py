@@ -30,6 +30,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
+import attrs
 
 from . import _layout as L
 from ._devices import DeviceList
@@ -37,21 +38,22 @@ from ._errors import MeshError, requires
 from ._mesh_groups import Groups
 from ._mesh_shape import MeshShape, Shape, axes_size
 from ._mesh_transforms import Reshapes, Selections, select
-from ._validate import Frozen, as_axis_index, as_int, as_int_array, as_name_tuple, check_unique
+from ._validate import as_axis_index, as_int, as_int_array, as_name_tuple, check_unique
 
 __all__ = ["Mesh", "MeshShape", "axes_size", "axis_layouts", "axis_position", "family_modes", "make_mesh",
            "select"]
 
 
-class Mesh(Shape, Selections, Reshapes, Groups, Frozen):
+@attrs.frozen(weakref_slot=False)
+class Mesh(Shape, Selections, Reshapes, Groups):
     """Named axes over canonical layouts on a device list; immutable, hashable, picklable.
 
     Build meshes with :func:`make_mesh`, :meth:`Mesh.from_ranks` or
     :func:`~functional_mesh.mesh_from_order`; the constructor takes the raw parts and validates
     them. Equal meshes (same names, canonical layouts and device list, however derived) hash
-    equal; hashing and comparing are O(ndim). A plain ``__slots__`` value (see
-    :class:`~functional_mesh._validate.Frozen`): transformations build new meshes through
-    ``_derive`` without re-running the constructor's checks.
+    equal; hashing and comparing are O(ndim). A frozen attrs class whose constructor, equality
+    and hash are its own: ``attrs.evolve(mesh, axis_names=...)`` re-validates, while the
+    transformations build new meshes through ``_derive`` without the constructor's checks.
 
     Args:
         axis_names: distinct non-empty names, one per axis.
@@ -72,12 +74,11 @@ class Mesh(Shape, Selections, Reshapes, Groups, Frozen):
         [[0, 2, 4, 6], [1, 3, 5, 7]]
     """
 
-    __slots__ = ("_axis_names", "_layouts", "_devices", "_complement", "_hash")
     _axis_names: tuple[str, ...]
     _layouts: tuple[L.Layout, ...]
     _devices: DeviceList
-    _complement: L.Modes  # modes of the group offsets (outermost first): the family
-    _hash: int | None  # computed on first use
+    _complement: L.Modes = attrs.field(init=False, eq=False, repr=False)  # the group offsets' modes: the family
+    _hash: int | None = attrs.field(init=False, eq=False, repr=False)  # computed on first use
 
     def __init__(self, axis_names: Sequence[str], layouts: Sequence[L.Layout], devices: int | object) -> None:
         names = as_name_tuple("Mesh", axis_names)

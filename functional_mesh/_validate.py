@@ -158,11 +158,13 @@ def _collect_ints(api: str, values: Iterable, out: list[int]) -> None:
 class Frozen:
     """Base of the library's hand-built values: no assignment or deletion after construction.
 
-    ``Layout``, ``DeviceList``, ``Mesh``, ``MeshShape``, ``PartitionSpec`` and ``RealizedMesh`` write
-    their own constructors (canonical form on the hot path of every O(ndim) transformation,
-    measured in ``benchmarks/bench_transforms.py``), so they are plain ``__slots__`` classes rather
-    than attrs classes; constructors set slots with ``object.__setattr__``, and every other assignment is an
-    ``AttributeError``, as on a frozen attrs class.
+    For the values that cannot be attrs classes at no cost (docs/design.md, "House rules", has the
+    figures): ``Layout`` (attrs fields would have to be its constructor's ``shape`` and ``stride``,
+    stored beside its modes on every transformation's hot path), ``DeviceArray`` (a list that is a
+    progression must become a ``DeviceRange``, which its own constructor cannot return),
+    ``MeshShape`` (a view made at each ``mesh.shape``), ``PartitionSpec`` (positional entries, as
+    JAX's) and ``RealizedMesh``. Constructors set slots with ``object.__setattr__``; every other
+    assignment is an ``AttributeError``, as on a frozen attrs class.
     """
 
     __slots__ = ()

@@ -1,8 +1,14 @@
-"""Values keep their word: immutable, and attrs only where attrs' promises hold (``evolve`` re-validates)."""
+"""Values keep their word: immutable, and attrs only where attrs' promises hold (``evolve`` re-validates).
+
+``Mesh``, ``DeviceRange`` and ``NamedSharding`` are frozen attrs classes; ``Layout``, ``DeviceArray``,
+``MeshShape`` and ``PartitionSpec`` are hand-built on ``_validate.Frozen`` (docs/design.md, "House rules",
+says why each).
+"""
 
 from __future__ import annotations
 
 import pickle
+import re
 
 import attrs
 import pytest
@@ -13,11 +19,14 @@ from functional_mesh._devices import DeviceList
 
 MESH = fm.make_mesh((2, 4), ("dp", "tp"))
 VALUES = {
-    "DeviceRange": MESH["tp", "dp"].device_list,
     "DeviceArray": fm.make_mesh((2, 4), ("dp", "tp"), devices=[7, 6, 5, 0, 1, 2, 3, 4]).device_list,
     "Layout": Layout((2, 3), (6, 1)),
-    "Mesh": MESH["tp", "dp"],
     "PartitionSpec": P(("dp", "tp"), None, "cp"),
+}
+ATTRS_VALUES = {
+    "DeviceRange": MESH["tp", "dp"].device_list,
+    "Mesh": MESH["tp", "dp"],
+    "NamedSharding": NamedSharding(MESH, P("dp")),
 }
 
 
@@ -39,6 +48,55 @@ def test_hand_built_values_refuse_assignment_and_deletion(kind, attribute):
 def test_hand_built_values_do_not_claim_to_be_attrs_classes(kind):
     # attrs.evolve would call the constructor by field name, which these constructors don't take
     assert not attrs.has(type(VALUES[kind]))
+
+
+@pytest.mark.parametrize("kind", sorted(ATTRS_VALUES))
+@pytest.mark.parametrize("attribute", ["_axis_names", "_layouts", "_devices", "_hash", "_n", "_start", "mesh", "spec",
+                                       "new_attribute"])
+def test_attrs_values_refuse_assignment_and_deletion(kind, attribute):
+    value = ATTRS_VALUES[kind]
+    copy = pickle.loads(pickle.dumps(value))
+    assert attrs.has(type(value)) and type(value).__name__ == kind
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        setattr(value, attribute, ())
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        delattr(value, attribute)
+    assert value == copy and hash(value) == hash(copy)
+    assert not hasattr(value, "__dict__")
+
+
+def test_mesh_is_a_real_attrs_class_and_evolve_revalidates():
+    mesh = MESH["tp", "dp"]
+    assert attrs.evolve(mesh, axis_names=("a", "b")) == MESH.rename({"tp": "a", "dp": "b"})["a", "b"]
+    renamed = attrs.evolve(mesh, axis_names=["x", "y"])  # the constructor's conversion: a list of names
+    assert renamed.axis_names == ("x", "y") and renamed.groups().tolist() == mesh.groups().tolist()
+    moved = attrs.evolve(MESH, devices=range(8, 16))
+    assert moved == fm.make_mesh((2, 4), ("dp", "tp"), devices=range(8, 16)) and moved.ranks.tolist()[0] == [8, 9, 10, 11]
+    with pytest.raises(MeshError, match=r"^`Mesh` requires distinct axis names, but got axis_names=\('a', 'a'\)"):
+        attrs.evolve(mesh, axis_names=("a", "a"))
+    with pytest.raises(MeshError, match=r"^`Mesh` requires axes that do not overlap and tile the 8 devices"):
+        attrs.evolve(mesh, layouts=(Layout(4, 1), Layout(2, 1)))
+    with pytest.raises(MeshError, match=r"tile the 6 devices"):
+        attrs.evolve(mesh, devices=range(6))
+    with pytest.raises(MeshError, match=r"^`Mesh` requires distinct devices, but got duplicate device=1$"):
+        attrs.evolve(mesh, devices=[0, 1, 1, 2, 3, 4, 5, 6])
+    with pytest.raises(TypeError, match=r"^`Mesh` requires a Layout per axis"):
+        attrs.evolve(mesh, layouts=((4, 1), (2, 4)))
+
+
+def test_device_range_is_a_real_attrs_class_and_evolve_revalidates():
+    dl = fm.make_mesh((8,), ("w",), devices=range(14, -1, -2)).device_list
+    assert attrs.evolve(dl, n=4).to_array().tolist() == [14, 12, 10, 8]
+    assert attrs.evolve(dl, n=1, step=5) == fm.make_mesh((1,), ("w",), devices=[14]).device_list  # normal form
+    assert hash(attrs.evolve(dl, step=-2)) == hash(dl)
+    with pytest.raises(MeshError, match=r"^`DeviceRange` requires a non-zero step \(distinct ranks\), but got step=0$"):
+        attrs.evolve(dl, step=0)
+    with pytest.raises(MeshError, match=r"^`DeviceRange` requires non-negative global ranks, but got devices='14..-4 step -2'"):
+        attrs.evolve(dl, n=10)
+    with pytest.raises(MeshError, match=r"^`DeviceRange` requires a non-negative number of devices, but got n=-1$"):
+        attrs.evolve(dl, n=-1)
+    with pytest.raises(TypeError, match=r"^`DeviceRange` requires an int for start, but got start=1.5$"):
+        attrs.evolve(dl, start=1.5)
 
 
 def test_named_sharding_is_a_real_attrs_class_and_evolve_revalidates():
@@ -65,10 +123,13 @@ def test_the_device_list_is_read_only_all_the_way_down(devices):
     dl = mesh.device_list
     kind = "DeviceRange" if devices is None else "DeviceArray"
     assert type(dl).__name__ == kind and isinstance(dl, DeviceList)
+    # a range is an attrs class (FrozenInstanceError, an AttributeError); an array list is hand-built
+    setting, deleting = ("can't set attribute", "can't set attribute") if devices is None else (
+        "DeviceArray is read-only: cannot set '", "DeviceArray is read-only: cannot delete '")
     for name, value in [("_n", 3), ("_start", 1), ("_step", 2), ("_array", None), ("_hash", 0), ("_inverse", None)]:
-        with pytest.raises(AttributeError, match=kind + r" is read-only: cannot set '" + name):
+        with pytest.raises(AttributeError, match=re.escape(setting) + ("" if devices is None else name)):
             setattr(dl, name, value)
-        with pytest.raises(AttributeError, match=kind + r" is read-only: cannot delete '" + name):
+        with pytest.raises(AttributeError, match=re.escape(deleting) + ("" if devices is None else name)):
             delattr(dl, name)
     for array in (mesh.devices, dl.to_array()):  # the list's own ranks (groups() is a fresh array)
         with pytest.raises(ValueError, match="read-only"):
