@@ -972,18 +972,3 @@ def test_groups_are_fresh_arrays():
     if g.flags.writeable:
         g[0, 0, 0] = 99
     assert m.groups()[0, 0, 0] == 0
-
-
-# -- purity: no torch on import ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("module", ["functional_mesh._mesh", "functional_mesh.layout", "functional_mesh"])
-def test_import_leaves_torch_out(module):
-    code = (
-        f"import sys, {module}\n"
-        "m = __import__('functional_mesh').make_mesh((2, 4), ('dp', 'tp'))\n"
-        "m['tp'].groups(); m.flatten(); m.coordinate(3)\n"
-        "print('torch' in sys.modules)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
