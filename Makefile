@@ -126,3 +126,31 @@ GPU_PYTHON ?= python3
 .PHONY: gpu-smoke
 gpu-smoke:
 	PYTHONPATH=. $(GPU_PYTHON) tests/gpu/run.py
+
+# The accelerate suite (tests/accelerate, docs/accelerate.md): accelerate 1.15.0's ParallelismConfig meshes
+# against ours. Its own venv per torch, like torchtitan's: .venv-accelerate for 2.13.0,
+# .venv-accelerate-$(TORCH) for any other (`make test-accelerate TORCH=2.14.1`); torch pinned first, then
+# this package, then accelerate and what it imports, pinned, under the torch constraint.
+ACC_VENV  := $(if $(filter 2.13.0,$(TORCH)),.venv-accelerate,.venv-accelerate-$(TORCH))
+ACC_PY    := $(ACC_VENV)/bin/python
+ACC_STAMP := $(ACC_VENV)/.installed
+ACC_PINS  := accelerate==1.15.0 huggingface_hub==1.33.0 safetensors==0.8.0 psutil==7.2.2 pyyaml==6.0.3 packaging==26.0
+ACC_SPEC  := $(strip torch==$(TORCH) $(ACC_PINS))
+ifneq ($(strip $(shell cat $(ACC_STAMP) 2>/dev/null)),$(ACC_SPEC))
+$(ACC_STAMP): FORCE
+endif
+
+$(ACC_STAMP): pyproject.toml
+	test -x $(ACC_PY) || $(PYTHON) -m venv $(ACC_VENV)
+	$(ACC_PY) -m pip install --quiet --upgrade pip
+	$(ACC_PY) -m pip install --quiet torch==$(TORCH)
+	echo "torch==$(TORCH)" > $(ACC_VENV)/constraints.txt
+	$(ACC_PY) -m pip install --quiet -c $(ACC_VENV)/constraints.txt -e ".[test]"
+	$(ACC_PY) -m pip install --quiet -c $(ACC_VENV)/constraints.txt $(ACC_PINS)
+	$(ACC_PY) -c 'import sys, torch; v = torch.__version__; sys.exit(0 if v.split("+")[0] == "$(TORCH)" else f"$(ACC_VENV) has torch {v}, not $(TORCH)")'
+	$(ACC_PY) -c 'import accelerate, accelerate.parallelism_config; assert accelerate.__version__ == "1.15.0", accelerate.__version__'
+	echo "$(ACC_SPEC)" > $(ACC_STAMP)
+
+.PHONY: test-accelerate
+test-accelerate: $(ACC_STAMP)
+	$(ACC_PY) -m pytest -q tests/accelerate

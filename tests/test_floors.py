@@ -172,7 +172,7 @@ def test_readme_floors_is_checked_against_the_table_as_written():
 # -- integrations: clients of the facade, above every floor ----------------------------------------
 
 INTEGRATIONS = PACKAGE / "integrations"
-INTEGRATION_MAY_IMPORT = {"functional_mesh", "torch", "torchtitan"}  # and the standard library
+INTEGRATION_MAY_IMPORT = {"functional_mesh", "torch", "torchtitan", "accelerate"}  # and the standard library
 
 
 def integration_imports(path: pathlib.Path) -> list[tuple[str, int]]:

@@ -209,7 +209,9 @@ def _table(dm: DeviceMesh, axis: int | None = None) -> np.ndarray:
     else:  # torch 2.11/2.12 index a _MeshLayout into a 1-dim _MeshLayout; 2.13+ into a flat layout to wrap
         one = dm._layout[axis]
         layout = one if isinstance(one, _MeshLayout) else _MeshLayout([one])
-    return layout.remap_to_tensor(dm._rank_map).numpy().astype(np.int64)
+    table = layout.remap_to_tensor(dm._rank_map).numpy().astype(np.int64)
+    # a flattened dim's layout stays nested on torch 2.11/2.12 (modes it cannot coalesce): one row per group
+    return table if axis is None else table.reshape(table.shape[0], -1)
 
 
 def _assert_same(ours: np.ndarray, want: np.ndarray, what: str) -> None:

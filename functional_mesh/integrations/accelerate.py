@@ -1,0 +1,234 @@
+"""accelerate's ``ParallelismConfig`` meshes over functional_mesh (accelerate 1.15.0).
+
+accelerate 1.15 builds its mesh in ``ParallelismConfig.build_device_mesh``: torch's
+``init_device_mesh`` over the dims whose size is above 1, in the order dp_replicate, dp_shard,
+cp, sp, tp, then three flattened dims through torch's private ``_flatten``: "dp" (dp_replicate,
+dp_shard), "dp_shard_cp" (dp_shard, cp) and "dp_cp" (dp_replicate, dp_shard, cp), each over the
+dims of its tuple that are enabled, even a single one. ``init_device_mesh`` makes every dim's
+groups, and each ``_flatten`` makes groups again, also where an equal rank set has one already
+(a flattened dim of one enabled dim is that dim's groups a second time).
+
+:func:`build_device_mesh` returns the same torch ``DeviceMesh`` -- the same dims, the same
+flattened dims under the same names, the same groups and coordinates -- from one
+:func:`functional_mesh.realize` call: each dim is an axis, each flattened dim of two or more dims
+a realized product, and each distinct rank set gets one group (a flattened dim of one dim is that
+dim's group; a whole-world dim reuses the default group). The torch mesh is the realized mesh's
+``device_mesh``; its flattened dims are renamed to accelerate's names, which needs torch's private
+``DeviceMesh`` fields (``_flatten_mapping``, ``_layout``, ``_rank_map``, ``_dim_group_names``,
+``DeviceMesh(_layout=, _rank_map=, _root_mesh=, _init_backend=False)``; checked on torch 2.11.0,
+2.12.1 and 2.13.0).
+
+accelerate's ``Accelerator`` asks ``parallelism_config.get_device_mesh(...)``, which returns
+``parallelism_config.device_mesh`` when it is set, so the one-line hook is :func:`adopt`, before
+the ``Accelerator`` is made::
+
+    from functional_mesh.integrations import accelerate as fm_accelerate
+
+    config = fm_accelerate.adopt(ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, tp_size=2))
+    accelerator = Accelerator(parallelism_config=config, ...)
+
+:func:`mesh_plan` is pure (no torch, no accelerate): which mesh value and which flattened dims
+accelerate's config stands for::
+
+    >>> plan = mesh_plan(dp_replicate=2, dp_shard=2, tp=2)
+    >>> plan.mesh
+    Mesh(dp_replicate=2, dp_shard=2, tp=2)
+    >>> plan.flattened
+    {'dp': ('dp_replicate', 'dp_shard'), 'dp_shard_cp': ('dp_shard',), 'dp_cp': ('dp_replicate', 'dp_shard')}
+    >>> plan.products
+    (('dp_replicate', 'dp_shard'),)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import functional_mesh as fm
+from functional_mesh import Mesh, MeshError
+
+__all__ = ["FLATTENED", "ORDER", "TESTED_VERSIONS", "Plan", "adopt", "build_device_mesh", "check_version",
+           "mesh_plan"]
+
+TESTED_VERSIONS: tuple[str, ...] = ("1.15.0",)
+"""accelerate releases this module was run against (tests/accelerate): the ``accelerate`` extra pins them."""
+
+ORDER: tuple[str, ...] = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+"""accelerate 1.15's order of the mesh dims (``ParallelismConfig._get_mesh``)."""
+
+FLATTENED: dict[str, tuple[str, ...]] = {"dp": ("dp_replicate", "dp_shard"), "dp_shard_cp": ("dp_shard", "cp"),
+                                         "dp_cp": ("dp_replicate", "dp_shard", "cp")}
+"""accelerate 1.15's flattened dims: each name over the enabled dims of its tuple, made when one is enabled."""
+
+_API = "functional_mesh.integrations.accelerate"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The functional_mesh value of one accelerate config.
+
+    Attributes:
+        mesh: the mesh: the dims of size above 1, in accelerate's order; ``None`` where accelerate
+            builds no mesh (every size 1, or ``sp_size > 1``, whose DeepSpeed backend makes its own
+            groups).
+        flattened: accelerate's flattened dims that exist for this config, by name: the dims each
+            flattens, in mesh order.
+        products: the flattened dims of two or more dims, each once: realized as products.
+    """
+
+    mesh: Mesh | None
+    flattened: dict[str, tuple[str, ...]]
+    products: tuple[tuple[str, ...], ...]
+
+
+def _size(api: str, name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{api}` requires an int for {name}, but got {name}={value!r}")
+    if value < 1:
+        raise MeshError(f"`{api}` requires a size >= 1 for {name}, but got {name}={value!r}")
+    return value
+
+
+def mesh_plan(*, dp_replicate: int = 1, dp_shard: int = 1, cp: int = 1, sp: int = 1, tp: int = 1,
+              sp_backend: str = "deepspeed") -> Plan:
+    """The mesh value and flattened dims of accelerate 1.15's ``build_device_mesh`` (pure).
+
+    Args:
+        dp_replicate, dp_shard, cp, sp, tp: ``ParallelismConfig``'s sizes (``*_size``).
+        sp_backend: ``ParallelismConfig.sp_backend``; accelerate 1.15 knows "deepspeed" only.
+
+    Returns:
+        The :class:`Plan`.
+
+    Raises:
+        MeshError: a size below 1.
+        TypeError: a size that is not an int.
+
+    Examples:
+        >>> mesh_plan(dp_shard=4, cp=2).flattened
+        {'dp': ('dp_shard',), 'dp_shard_cp': ('dp_shard', 'cp'), 'dp_cp': ('dp_shard', 'cp')}
+        >>> mesh_plan(sp=2, dp_shard=4).mesh is None        # DeepSpeed's sequence parallelism: no mesh
+        True
+        >>> mesh_plan(tp=0)
+        Traceback (most recent call last):
+        ...
+        functional_mesh.MeshError: `functional_mesh.integrations.accelerate.mesh_plan` requires a size >= 1 for tp, but got tp=0
+    """
+    api = f"{_API}.mesh_plan"
+    sizes = {name: _size(api, name, value) for name, value in
+             (("dp_replicate", dp_replicate), ("dp_shard", dp_shard), ("cp", cp), ("sp", sp), ("tp", tp))}
+    enabled = [name for name in ORDER if sizes[name] > 1]
+    if (sp_backend == "deepspeed" and sizes["sp"] > 1) or not enabled:
+        return Plan(None, {}, ())
+    mesh = fm.make_mesh(tuple(sizes[name] for name in enabled), tuple(enabled))
+    flattened = {name: tuple(d for d in dims if d in enabled) for name, dims in FLATTENED.items()}
+    flattened = {name: dims for name, dims in flattened.items() if dims}
+    products = tuple(dict.fromkeys(dims for dims in flattened.values() if len(dims) > 1))
+    return Plan(mesh, flattened, products)
+
+
+def check_version() -> str:
+    """Import accelerate and return its version; ``MeshError`` unless it is in :data:`TESTED_VERSIONS`.
+
+    Raises:
+        ModuleNotFoundError: accelerate is not installed.
+        MeshError: an installed accelerate we have not tested (its mesh layout may change between releases).
+    """
+    try:
+        import accelerate
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(f"`{_API}` requires accelerate: pip install 'functional_mesh[accelerate]' "
+                                  f"(accelerate {' or '.join(TESTED_VERSIONS)})") from exc
+    version = str(getattr(accelerate, "__version__", "unknown"))
+    if version.split("+")[0] not in TESTED_VERSIONS:
+        raise MeshError(f"`{_API}` requires an accelerate release it was tested with, but got "
+                        f"accelerate.__version__={version!r}; valid: {list(TESTED_VERSIONS)} "
+                        f"(pip install 'functional_mesh[accelerate]')")
+    return version
+
+
+def _plan_of(config: Any, api: str) -> Plan:
+    names = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+    missing = [f"{n}_size" for n in names if not hasattr(config, f"{n}_size")]
+    if missing:
+        raise TypeError(f"`{api}` requires an accelerate ParallelismConfig, but got parallelism_config={config!r} "
+                        f"(no {', '.join(missing)})")
+    return mesh_plan(**{n: getattr(config, f"{n}_size") for n in names},
+                     sp_backend=getattr(config, "sp_backend", "deepspeed"))
+
+
+def build_device_mesh(parallelism_config: Any, device_type: str | None = None, **realize_options: Any) -> Any:
+    """The torch ``DeviceMesh`` accelerate 1.15's ``build_device_mesh`` returns, over functional_mesh's groups.
+
+    A collective call, like accelerate's: every rank of the job calls it, in the same order.
+
+    Args:
+        parallelism_config: an ``accelerate.ParallelismConfig`` (its sizes and ``sp_backend`` are read).
+        device_type: "cpu" or "cuda"; ``None`` follows the default group's backend (``fm.realize``).
+        **realize_options: passed to ``fm.realize`` (``backend``, ``timeout``, ``check``).
+
+    Returns:
+        The torch ``DeviceMesh``, or ``None`` where accelerate returns ``None`` (every size 1, or
+        ``sp_size > 1``).
+
+    Raises:
+        MeshError: sizes whose product is not the world size, or an untested accelerate (:func:`check_version`).
+        TypeError: not a ``ParallelismConfig``.
+    """
+    api = f"{_API}.build_device_mesh"
+    check_version()
+    plan = _plan_of(parallelism_config, api)
+    if plan.mesh is None:
+        return None
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() != plan.mesh.size:
+        sizes = " * ".join(f"{n}={s}" for n, s in zip(plan.mesh.axis_names, plan.mesh.axis_sizes, strict=True))
+        raise MeshError(f"`{api}` requires sizes whose product is the world size {dist.get_world_size()}, but got "
+                        f"{sizes} = {math.prod(plan.mesh.axis_sizes)}")
+    rm = fm.realize(plan.mesh, device_type, products=plan.products, **realize_options)
+    dm = rm.device_mesh
+    _rename_flattened(dm, plan)
+    return dm
+
+
+def adopt(parallelism_config: Any, device_type: str | None = None, **realize_options: Any) -> Any:
+    """Give ``parallelism_config`` our mesh, so that ``Accelerator`` uses it; returns the config.
+
+    ``Accelerator`` reads ``parallelism_config.get_device_mesh(...)``, which returns
+    ``parallelism_config.device_mesh`` when set. Call it before making the ``Accelerator``, on
+    every rank (it realizes the mesh: a collective call). ``device_type=None`` is the device
+    accelerate would pick: "cuda" when CUDA is available, else "cpu".
+    """
+    if getattr(parallelism_config, "device_mesh", None) is not None:
+        raise MeshError(f"`{_API}.adopt` requires a ParallelismConfig whose mesh was not built yet (it holds "
+                        f"accelerate's own process groups), but got one with device_mesh set")
+    if device_type is None:
+        import torch
+
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    parallelism_config.device_mesh = build_device_mesh(parallelism_config, device_type, **realize_options)
+    return parallelism_config
+
+
+def _rename_flattened(dm: Any, plan: Plan) -> None:
+    """Put accelerate's flattened dims in ``dm``'s flatten cache, over the groups realize made (torch-private).
+
+    ``rm.device_mesh`` holds each realized product under its dims joined by "_"
+    ("dp_replicate_dp_shard"); accelerate names them "dp", "dp_shard_cp", "dp_cp", and flattens a
+    single dim too. Each name gets a flattened mesh with the same layout and group; the joined
+    names accelerate does not make are dropped, so the cache holds what accelerate's holds.
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+
+    made = dm._flatten_mapping
+    named = {}
+    for name, dims in plan.flattened.items():
+        source = dm[dims[0]] if len(dims) == 1 else made["_".join(dims)]
+        flat = DeviceMesh(dm.device_type, _layout=source._layout, _rank_map=dm._rank_map, mesh_dim_names=(name,),
+                          _root_mesh=dm, _init_backend=False)
+        flat._dim_group_names = list(source._dim_group_names)
+        named[name] = flat
+    made.clear()
+    made.update(named)
