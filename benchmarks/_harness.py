@@ -1,19 +1,81 @@
-"""Process plumbing for the benchmarks: workers in fresh interpreters, gloo pools, group counting.
+"""How a benchmark runs: its options and run record, workers in fresh interpreters, gloo pools, timing, group counting.
 
 A worker is a function of the benchmark script, called in a new interpreter as
 ``python <script> --worker '<json spec>'``; it prints one JSON line, its result. Every side of a
-comparison runs in its own worker, so no import, cache or process group carries over.
+comparison runs in its own worker, so no import, cache or process group carries over. What a
+benchmark emits, and how it is rendered, is ``_report``'s.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import datetime
+import importlib.metadata
 import json
 import os
+import platform
+import shlex
 import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
+
+import _report as R  # this folder is sys.path[0] when a script here runs
+
+
+def parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
+    """The options every benchmark has: ``--quick`` and ``--out``."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help=quick_help)
+    p.add_argument("--out", type=Path, help="write the records here (JSON lines) for benchmarks/_report.py")
+    return p
+
+
+def mlp_parser(doc: str, default_reps: int) -> argparse.ArgumentParser:
+    """The options of the MLP step benchmarks (bench_shard_map, bench_compile): world, sizes, repetitions."""
+    p = parser(doc, "30 repetitions")
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--reps", type=int, help=f"timed repetitions per series (default {default_reps}; quick 30)")
+    p.set_defaults(default_reps=default_reps)
+    return p
+
+
+def mlp_row(args: argparse.Namespace) -> str:
+    """An MLP step benchmark's configuration, as its table row names it."""
+    return f"W={args.world}, hidden {args.hidden}, batch {args.batch}, float32"
+
+
+def start_run(bench: str) -> R.Run:
+    """A :class:`Run` for this process: its command line as typed, the machine, the load now."""
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "PYTHONPATH") if os.environ.get(k))
+    python = os.path.relpath(sys.executable, R.REPO) if sys.executable.startswith(str(R.REPO)) else "python"
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), R.REPO)
+    cmd = " ".join(x for x in (env, python, shlex.join([script, *sys.argv[1:]])) if x)
+    machine = (f"{len(os.sched_getaffinity(0))} cores, {platform.system()} {platform.machine()}, "
+               f"CPython {platform.python_version()}, torch {importlib.metadata.version('torch')}")
+    return R.Run(bench, cmd, datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), machine,
+               load=f"{os.getloadavg()[0]:.2f}")
+
+
+def revision() -> str:
+    """The tree measured (call it at the start): its commit, and whether ``functional_mesh/`` differs from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=R.REPO, capture_output=True, text=True).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--", "functional_mesh")
+    return f"tree: commit {git('rev-parse', '--short', 'HEAD')}" + (
+        ", functional_mesh/ with uncommitted changes" if dirty else "")
+
+
+def finish_run(run: R.Run, wall_s: float, notes: Sequence[str] = ()) -> R.Run:
+    """``run`` with its wall time, the load now and ``notes``."""
+    return dataclasses.replace(run, load=f"{run.load} / {os.getloadavg()[0]:.2f}", wall_s=wall_s,
+                               notes=tuple(notes))
 
 
 def serve(workers: dict[str, Callable[..., Any]]) -> None:

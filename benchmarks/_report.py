@@ -1,6 +1,6 @@
 """Typed benchmark records and the one writer that renders them as markdown tables.
 
-A benchmark measures and emits records: one :class:`Run` (the command and the machine), one
+A benchmark measures and emits records (``_harness`` runs it): one :class:`Run` (the command and the machine), one
 :class:`Table` per table (its title, the header of its first column, which ratios of columns to
 show) and one :class:`Result` per figure. ``--out FILE`` writes them as JSON lines; this module
 renders them, nothing else does::
@@ -15,13 +15,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import importlib.metadata
 import json
-import os
-import platform
 import re
-import shlex
 import statistics
 import sys
 from collections.abc import Iterable, Sequence
@@ -95,59 +90,6 @@ def slowest_and_paired(bench: str, table: str, ranks: Sequence[Sequence[dict]], 
                      for c in configs)
         out.append(Result(bench, table, row, f"paired {series[0]} / {series[1]}", paired, "x"))
     return out
-
-
-def parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
-    """The options every benchmark has: ``--quick`` and ``--out``."""
-    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help=quick_help)
-    p.add_argument("--out", type=Path, help="write the records here (JSON lines) for benchmarks/_report.py")
-    return p
-
-
-def mlp_parser(doc: str, default_reps: int) -> argparse.ArgumentParser:
-    """The options of the MLP step benchmarks (bench_shard_map, bench_compile): world, sizes, repetitions."""
-    p = parser(doc, "30 repetitions")
-    p.add_argument("--world", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--reps", type=int, help=f"timed repetitions per series (default {default_reps}; quick 30)")
-    p.set_defaults(default_reps=default_reps)
-    return p
-
-
-def mlp_row(args: argparse.Namespace) -> str:
-    """An MLP step benchmark's configuration, as its table row names it."""
-    return f"W={args.world}, hidden {args.hidden}, batch {args.batch}, float32"
-
-
-def start_run(bench: str) -> Run:
-    """A :class:`Run` for this process: its command line as typed, the machine, the load now."""
-    env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "PYTHONPATH") if os.environ.get(k))
-    python = os.path.relpath(sys.executable, REPO) if sys.executable.startswith(str(REPO)) else "python"
-    script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO)
-    cmd = " ".join(x for x in (env, python, shlex.join([script, *sys.argv[1:]])) if x)
-    machine = (f"{len(os.sched_getaffinity(0))} cores, {platform.system()} {platform.machine()}, "
-               f"CPython {platform.python_version()}, torch {importlib.metadata.version('torch')}")
-    return Run(bench, cmd, datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), machine,
-               load=f"{os.getloadavg()[0]:.2f}")
-
-
-def revision() -> str:
-    """The tree measured (call it at the start): its commit, and whether ``functional_mesh/`` differs from it."""
-    import subprocess
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
-
-    dirty = git("status", "--porcelain", "--", "functional_mesh")
-    return f"tree: commit {git('rev-parse', '--short', 'HEAD')}" + (
-        ", functional_mesh/ with uncommitted changes" if dirty else "")
-
-
-def finish_run(run: Run, wall_s: float, notes: Sequence[str] = ()) -> Run:
-    return dataclasses.replace(run, load=f"{run.load} / {os.getloadavg()[0]:.2f}", wall_s=wall_s,
-                               notes=tuple(notes))
 
 
 def write(path: Path | None, records: Iterable[Run | Table | Result]) -> None:

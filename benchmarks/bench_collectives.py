@@ -113,13 +113,13 @@ def worker(rank: int, world: int, port: int, reps: int, warmup: int) -> list[dic
 
 def main() -> int:
     H.serve({"collectives": worker})
-    p = R.parser(__doc__, "W=2 only, 40 repetitions")
+    p = H.parser(__doc__, "W=2 only, 40 repetitions")
     p.add_argument("--worlds", default=None, help="comma-separated even world sizes (default 2,4)")
     p.add_argument("--reps", type=int, help="timed repetitions per series (default 200, W > 2: 100; quick 40)")
     p.add_argument("--warmup", type=int, help="repetitions dropped first (default 10; quick 3)")
     args = p.parse_args()
     warmup = args.warmup if args.warmup is not None else (3 if args.quick else 10)
-    run, t0, tree = R.start_run(BENCH), time.perf_counter(), R.revision()
+    run, t0, tree = H.start_run(BENCH), time.perf_counter(), H.revision()
     records: list[Any] = [R.Table(
         BENCH, "collectives", "Each collective vs the raw c10d call it makes (gloo)", "collective, world, mesh, tensor",
         ((SERIES[0], SERIES[1], "fm / raw"), (SERIES[2], SERIES[1], "noise floor: 2nd series / raw")),
@@ -129,7 +129,7 @@ def main() -> int:
         print(f"gloo W={world}: {reps} repetitions ...", file=sys.stderr, flush=True)
         ranks = H.run_pool(__file__, {"fn": "collectives", "reps": reps, "warmup": warmup}, world, timeout_s=1800)
         records += R.slowest_and_paired(BENCH, "collectives", ranks, SERIES)
-    R.write(args.out, [R.finish_run(run, time.perf_counter() - t0, [tree]), *records])
+    R.write(args.out, [H.finish_run(run, time.perf_counter() - t0, [tree]), *records])
     return 0
 
 

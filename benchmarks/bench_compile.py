@@ -147,10 +147,10 @@ def step_worker(rank: int, world: int, port: int, reps: int, warmup: int, hidden
 
 def main() -> int:
     H.serve({"step": step_worker})
-    args = R.mlp_parser(__doc__, 300).parse_args()
+    args = H.mlp_parser(__doc__, 300).parse_args()
     reps, warmup = args.reps or (30 if args.quick else args.default_reps), 5
-    run, t0 = R.start_run(BENCH), time.perf_counter()
-    row = R.mlp_row(args)
+    run, t0 = H.start_run(BENCH), time.perf_counter()
+    row = H.mlp_row(args)
     ranks = H.run_pool(__file__, {"fn": "step", "reps": reps, "warmup": warmup, "hidden": args.hidden,
                                   "batch": args.batch}, args.world, timeout_s=1800)
     records: list[Any] = [R.Table(BENCH, "step", "MLP training step (forward + backward + SGD), gloo",
@@ -171,7 +171,7 @@ def main() -> int:
                     R.Result(BENCH, "compile", name, "graphs", max(g["graphs"] for g in per_rank), "n")]
         reasons = sorted({reason for g in per_rank for reason in g["reasons"]})
         notes.append(f"{name}: graph breaks at " + ("; ".join(reasons) if reasons else "none"))
-    R.write(args.out, [R.finish_run(run, time.perf_counter() - t0, notes), *records])
+    R.write(args.out, [H.finish_run(run, time.perf_counter() - t0, notes), *records])
     return 0
 
 

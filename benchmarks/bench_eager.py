@@ -2,25 +2,23 @@
 """Eager dispatch: what our collectives, regions and a TP + SP block cost over the torch they run.
 
 One process, rank 0 of a world of 8 under torch's single-process fake backend
-(``_harness.init_fake``): collectives carry no data and cost only their dispatch, so the values
-are meaningless but every figure is the Python and dispatcher cost a real job pays on top of its
-communication. Mesh ``(2, 4)`` ``("dp", "tp")``, axis ``tp`` (4 ranks); regions and the block run
-on its ``tp`` selection (a 1-axis mesh of 4, the same groups). float32.
+(``_harness.init_fake``): collectives carry no data, so the values are meaningless but every
+figure is the Python and dispatcher cost a real job pays on top of its communication. Mesh
+``(2, 4)`` ``("dp", "tp")``, axis ``tp``; regions and the block run on its ``tp`` selection. float32.
 
 - collectives: each ``fm`` collective against the raw c10d call it makes (bench_collectives.pairs),
   4 KB and 4 MB;
-- region: ``h = tanh(h * w)`` 100 times on an 8 x 16 shard (x and w DTensors ``(32, 16)``,
-  ``P("tp")``), in ``fm.shard_map`` typed and untyped, against the plain body on the local shards;
-  and an identity region's boundary against ``to_local`` + ``DTensor.from_local``;
+- region: ``h = tanh(h * w)`` 100 times on an 8 x 16 shard (DTensors ``(32, 16)``, ``P("tp")``) in
+  ``fm.shard_map`` typed and untyped, against the plain body on the local shards; and an identity
+  region's boundary against ``to_local`` + ``DTensor.from_local``;
 - block: a Megatron tensor + sequence parallel transformer block (attention and MLP, forward and
-  backward; activations ``(S, B, D)`` split over tp along S; ``all_gather`` of S before the
-  column-parallel matmuls, ``psum_scatter`` after the row-parallel ones) in ``fm.shard_map``
-  typed and untyped, against the same block by hand: raw c10d calls in ``autograd.Function``s on
-  the same groups, as a Megatron user writes them, and with fm collectives outside a region.
+  backward; ``all_gather`` of S before the column-parallel matmuls, ``psum_scatter`` after the
+  row-parallel ones) in ``fm.shard_map`` typed and untyped, against the same block by hand: raw
+  c10d calls in ``autograd.Function``s, as a Megatron user writes them, and fm collectives.
 
-Series of one table row rotate their order every repetition (``_harness.rotated_samples``, no
-barrier), the cyclic GC off; a sample is the CPU time of this process (``time.process_time_ns``)
-per call over a block of calls; figures are medians of the same run, ratios divide them.
+Series of one row rotate their order every repetition (``_harness.rotated_samples``, no barrier),
+the cyclic GC off; a sample is this process's CPU time per call over a block of calls; figures are
+medians of the same run, ratios divide them.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_eager.py --quick
 """
@@ -51,8 +49,7 @@ SHAPES = {"small": (4, 16, 32, 64, 4), "medium": (8, 256, 256, 1024, 8)}  # (B, 
 
 
 def timed(calls: dict[str, Any], reps: int, warmup: int, number: int = 1) -> dict[str, list[float]]:
-    """Interleaved samples of ``calls`` in CPU time: one process, nothing to wait for, and CPU time
-    moves far less than wall time with the load of other jobs."""
+    """Interleaved samples in CPU time (one process, nothing to wait for; less moved by other jobs)."""
     return H.rotated_samples(calls, reps, warmup, number=number, barrier=False, clock=time.process_time_ns)
 
 
@@ -96,15 +93,10 @@ def region_rows(tp: Any, reps: int, warmup: int) -> list[R.Result]:
     return out
 
 
-def _gather(x: Any, group: Any, n: int) -> Any:
-    out = x.new_empty((n * x.shape[0], *x.shape[1:]))
-    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
-    return out
-
-
-def _scatter(x: Any, group: Any, n: int) -> Any:
-    out = x.new_empty((x.shape[0] // n, *x.shape[1:]))
-    dist.reduce_scatter_tensor(out, x.contiguous(), group=group)
+def _seq(x: Any, group: Any, n: int, gather: bool) -> Any:
+    """All-gather (``gather``) or reduce-scatter of dim 0 over ``group`` of ``n``, into a new tensor."""
+    out = x.new_empty((n * x.shape[0] if gather else x.shape[0] // n, *x.shape[1:]))
+    (dist.all_gather_into_tensor if gather else dist.reduce_scatter_tensor)(out, x.contiguous(), group=group)
     return out
 
 
@@ -114,11 +106,11 @@ class GatherSeq(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Any, group: Any, n: int) -> Any:
         ctx.group, ctx.n = group, n
-        return _gather(x, group, n)
+        return _seq(x, group, n, True)
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:
-        return _scatter(grad, ctx.group, ctx.n), None, None
+        return _seq(grad, ctx.group, ctx.n, False), None, None
 
 
 class ScatterSeq(torch.autograd.Function):
@@ -127,11 +119,11 @@ class ScatterSeq(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Any, group: Any, n: int) -> Any:
         ctx.group, ctx.n = group, n
-        return _scatter(x, group, n)
+        return _seq(x, group, n, False)
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:
-        return _gather(grad, ctx.group, ctx.n), None, None
+        return _seq(grad, ctx.group, ctx.n, True), None, None
 
 
 class _Count(TorchFunctionMode):
@@ -212,12 +204,12 @@ def block_rows(tp: Any, shape: str, reps: int, warmup: int) -> list[R.Result]:
 
 
 def main() -> int:
-    p = R.parser(__doc__, "fewer repetitions (about 30 s)")
+    p = H.parser(__doc__, "fewer repetitions (about 30 s)")
     p.add_argument("--reps", type=int, help="repetitions per row (default 300; quick 50); the medium block: 1/10")
     args = p.parse_args()
     reps = args.reps or (50 if args.quick else 300)
     warmup = 5 if args.quick else 20
-    run, t0, tree = R.start_run(BENCH), time.perf_counter(), R.revision()
+    run, t0, tree = H.start_run(BENCH), time.perf_counter(), H.revision()
     H.init_fake(8, 0)
     torch.set_num_threads(1)
     rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
@@ -246,7 +238,7 @@ def main() -> int:
         print(f"{what} ...", file=sys.stderr, flush=True)
         records += rows()
     notes = [tree, "fake backend: collectives carry no data (values meaningless), their dispatch is real"]
-    R.write(args.out, [R.finish_run(run, time.perf_counter() - t0, notes), *records])
+    R.write(args.out, [H.finish_run(run, time.perf_counter() - t0, notes), *records])
     return 0
 
 

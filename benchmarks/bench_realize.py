@@ -152,7 +152,7 @@ def results(backend: str, world: int, outs: dict[str, list[list[dict[str, Any]]]
 
 def main() -> int:
     H.serve({"sequence": sequence_worker})
-    p = R.parser(__doc__, "fake W=32 and gloo W=4, one worker per side")
+    p = H.parser(__doc__, "fake W=32 and gloo W=4, one worker per side")
     p.add_argument("--fake-worlds", default=None, help="comma-separated multiples of 32 (default 32,4096)")
     p.add_argument("--gloo-worlds", default=None, help="comma-separated, 4 and/or 8 (default 4,8); '' for none")
     p.add_argument("--reps", type=int, default=3, help="timed sequences per worker, after one warm-up")
@@ -163,7 +163,7 @@ def main() -> int:
     gloo = args.gloo_worlds if args.gloo_worlds is not None else ("4" if args.quick else "4,8")
     configs = [("fake", int(w)) for w in fake.split(",") if w] + [("gloo", int(w)) for w in gloo.split(",") if w]
     rounds = args.rounds or (1 if args.quick else 2)
-    run, t0 = R.start_run(BENCH), time.perf_counter()
+    run, t0 = H.start_run(BENCH), time.perf_counter()
     records: list[Any] = [
         R.Table(BENCH, "groups", "Process-group calls per rank (gloo: the most over ranks) and sequence time",
                 "world, (pp, dp_replicate, dp_shard, cp, tp)",
@@ -182,7 +182,7 @@ def main() -> int:
             outs[side].append([H.run(__file__, {**spec, "world": world})] if backend == "fake"
                               else H.run_pool(__file__, spec, world))
         records += results(backend, world, outs)
-    R.write(args.out, [R.finish_run(run, time.perf_counter() - t0), *records])
+    R.write(args.out, [H.finish_run(run, time.perf_counter() - t0), *records])
     return 0
 
 

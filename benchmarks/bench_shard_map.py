@@ -85,10 +85,10 @@ def step_worker(rank: int, world: int, port: int, reps: int, warmup: int, hidden
 
 def main() -> int:
     H.serve({"step": step_worker})
-    args = R.mlp_parser(__doc__, 100).parse_args()
+    args = H.mlp_parser(__doc__, 100).parse_args()
     reps, warmup = args.reps or (30 if args.quick else args.default_reps), 5
-    run, t0 = R.start_run(BENCH), time.perf_counter()
-    row = R.mlp_row(args)
+    run, t0 = H.start_run(BENCH), time.perf_counter()
+    row = H.mlp_row(args)
     ranks = H.run_pool(__file__, {"fn": "step", "reps": reps, "warmup": warmup, "hidden": args.hidden,
                                   "batch": args.batch}, args.world)
     records: list[Any] = [R.Table(BENCH, "eager", "MLP step (forward + backward), eager, gloo", "configuration", (
@@ -96,7 +96,7 @@ def main() -> int:
         (SERIES[1], SERIES[3], "typed / hand with DTensors")))]
     for name in SERIES:
         records.append(R.measured(BENCH, "eager", row, name, max((r[name] for r in ranks), key=statistics.median)))
-    R.write(args.out, [R.finish_run(run, time.perf_counter() - t0), *records])
+    R.write(args.out, [H.finish_run(run, time.perf_counter() - t0), *records])
     return 0
 
 

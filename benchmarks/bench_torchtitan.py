@@ -143,7 +143,7 @@ def torchtitan_version() -> str | None:
 
 def main() -> int:
     H.serve({"build": build_worker})
-    p = R.parser(__doc__, "W=32 only, one worker per side")
+    p = H.parser(__doc__, "W=32 only, one worker per side")
     p.add_argument("--worlds", default=None, help="comma-separated, of 32 and 65536 (default both; quick 32)")
     p.add_argument("--backends", default=",".join(SPMD_BACKENDS), help="comma-separated spmd_backend values")
     p.add_argument("--reps", type=int, help="timed builds per worker, after one warm-up (default 20 at W=32, "
@@ -159,7 +159,7 @@ def main() -> int:
         p.error(f"--worlds requires worlds with a layout, but got {args.worlds!r}; valid: {list(LAYOUTS)}")
     rounds = args.rounds or (1 if args.quick else 2)
     reps = {world: args.reps or (20 if world <= 4096 else 3) for world in worlds}
-    run, t0 = R.start_run(BENCH), time.perf_counter()
+    run, t0 = H.start_run(BENCH), time.perf_counter()
     ratio = "ours / torchtitan"
     records: list[Any] = [
         R.Table(BENCH, "groups", "Process groups per rank: build_mesh, then FSDP2's flatten of dp_shard × cp",
@@ -183,7 +183,7 @@ def main() -> int:
     per_world = ", ".join(f"{n} at W={w:,}" for w, n in reps.items())
     note = (f"torchtitan {version}; rank {args.rank} of a fake world; ep = 1; timed builds per worker after one "
             f"warm-up: {per_world}; {rounds} worker(s) per side")
-    R.write(args.out, [R.finish_run(run, time.perf_counter() - t0, [note]), *records])
+    R.write(args.out, [H.finish_run(run, time.perf_counter() - t0, [note]), *records])
     return 0
 
 
