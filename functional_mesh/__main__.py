@@ -190,6 +190,30 @@ def show(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: parse ``argv``, print the picture ``show`` draws.
+
+    Args:
+        argv: the arguments after the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        0 after printing; a bad value exits with status 2 and a message naming it (argparse's way).
+
+    Raises:
+        SystemExit: on ``--help`` and on bad arguments (status 2).
+
+    Examples:
+        >>> main(["show", "dp=2,tp=2", "--select", "tp"])
+        Mesh(tp=2; 2 groups over devices 0..3): 4 devices
+        group 0
+          tp=0  tp=1
+          0     1
+        group 1
+          tp=0  tp=1
+          2     3
+        groups of each axis:
+          tp  size 2, 2 groups: [0 1] [2 3]
+        0
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

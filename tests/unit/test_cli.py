@@ -151,3 +151,13 @@ def test_command_line_sessions_in_the_docs_print_what_they_show(capsys):
     for m in sessions:
         argv = shlex.split(m[1])[1:]
         assert run(capsys, *argv, "--color", "never") == m[2], m[1]
+
+
+def test_the_examples_of_the_command_line_module_run():
+    # pytest's --doctest-modules leaves __main__.py out (it would run the program), so run them here
+    import doctest
+
+    import functional_mesh.__main__ as cli
+
+    result = doctest.testmod(cli, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted >= 1 and result.failed == 0
