@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -92,6 +93,9 @@ class GroupCache:
         self.created: list[Any] = []  # ProcessGroups this process made (destroyed by clear_cache)
         self.labels: dict[Any, list[str]] = {}  # made group -> the axes it serves (its group_desc)
         self.self_group: Any = None  # this rank's one-rank fake-backend group, lent to torch for size-1 axes
+        # torch meshes on which a product group was registered (their flattened mesh and they refer
+        # to each other): (weak reference, product axes), released when the groups end
+        self.flattened: list[tuple[weakref.ref, tuple[str, ...]]] = []
         self.made = 0  # distinct member tuples made (members or not; equal on every rank)
         self.hits = 0
         self.misses = 0
@@ -209,6 +213,13 @@ class GroupCache:
             self.created.append(self.self_group)
         return self.self_group
 
+    def keep_flattened(self, root: Any, axes: tuple[str, ...]) -> None:
+        """Remember that the product group of ``axes`` was registered on the torch mesh ``root``
+        (``_torch.register_flattened``), to release it with the groups."""
+        with self.lock:
+            self.flattened = [(ref, names) for ref, names in self.flattened if ref() is not None]
+            self.flattened.append((weakref.ref(root), axes))
+
     def info(self) -> CacheInfo:
         """The counters, read under the lock."""
         with self.lock:
@@ -219,7 +230,17 @@ class GroupCache:
         return "" if epoch == self.epoch else self.ended
 
     def forget(self, ended: str) -> list[Any]:
-        """Empty the cache, start a new epoch, and return the groups realize made."""
+        """Empty the cache, start a new epoch, and return the groups realize made.
+
+        A torch mesh that a product group was registered on forgets it: that flattened mesh and
+        the root refer to each other, a cycle that would hold the root's groups (sockets, threads)
+        until the cycle collector runs; without it, they go with the last reference to the mesh.
+        """
+        for ref, axes in self.flattened:
+            root = ref()
+            if root is not None:
+                _torch.unregister_flattened(root, axes)
+        self.flattened = []
         created, self.created = self.created, []
         self.axes, self.groups, self.labels = {}, {}, {}
         self.self_group = None

@@ -268,6 +268,7 @@ class RealizedMesh(Frozen):
         for key, pg in self._groups.items():  # products realized with this mesh, in mesh order
             if isinstance(key, tuple) and _in_order(key, mesh.axis_names):
                 _torch.register_flattened(dm, key, self._lend(key, pg))
+                CACHE.keep_flattened(dm, key)  # released with the groups (a cycle of torch meshes)
         return dm
 
     def __enter__(self) -> RealizedMesh:

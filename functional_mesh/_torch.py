@@ -64,7 +64,7 @@ __all__ = ["PlacementPlan", "abort_groups", "all_gather", "all_reduce", "all_to_
            "default_store", "device_mesh_from_groups", "from_placements", "global_rank", "group_members",
            "group_in_order", "group_name", "group_timeout", "known_groups", "local_tensor", "mesh_parts", "one_rank_group", "op_overload_name", "pytree",
            "reduce_scatter", "register_flattened", "set_group_desc", "to_placements", "torch_function_mode_active",
-           "trace_time_error"]
+           "trace_time_error", "unregister_flattened"]
 
 # Per mesh axis: None (replicated) or (tensor dim, split factor): a factor of None is Shard(dim),
 # an int is _StridedShard(dim, split_factor=factor). Built by functional_mesh._sharding.placement_plan.
@@ -430,6 +430,16 @@ def register_flattened(root: DeviceMesh, names: tuple[str, ...], pg: Any) -> Non
     flat._dim_group_names = [pg.group_name]
     root._pg_registry[pg.group_name] = pg
     root._flatten_mapping["_".join(names)] = flat
+
+
+def unregister_flattened(root: DeviceMesh, names: tuple[str, ...]) -> None:
+    """Undo :func:`register_flattened` (the product group was destroyed or aborted).
+
+    The flattened mesh refers back to its root (``_root_mesh``) and the root to it
+    (``_flatten_mapping``): a reference cycle that keeps the root's groups (``_pg_registry``) alive
+    until the cycle collector runs. Dropping the root's entry leaves them to reference counting.
+    """
+    root._flatten_mapping.pop("_".join(names), None)
 
 
 def mesh_parts(dm: Any) -> tuple[tuple[str, ...], list[tuple[Any, Any]], list[int]]:

@@ -97,22 +97,37 @@ def expected_reduce(mesh: Mesh, axis: str, rank: int) -> int:
 
 
 def cycles(n: int) -> dict:
+    """``n`` realize/clear_cache cycles with the cycle collector off: after ``del`` of the realized meshes
+    (and the torch meshes built over their groups), a group still alive is held by a leak or a reference
+    cycle, and either fails the test."""
     fm.clear_cache()
     rank = dist.get_rank()
-    base = registries()
-    base_res = resources()
-    out: dict = {"per_cycle": []}
-    for _ in range(n):
-        rms = [realize(m) for m in MESHES]
-        sums = [[reduce_in(rm.group(a)) for a in rm.mesh.axis_names] for rm in rms]
-        live = registries()["pg_map"]
-        fm.clear_cache()
-        # torch's destroy_process_group unregisters a gloo group, but its sockets and threads go
-        # with the last reference to the ProcessGroup: here, the stale realized meshes.
-        del rms
-        gc.collect()  # what is left now is a leak, not garbage waiting for the collector
-        out["per_cycle"].append({"sums": sums, "live": live, "registries": registries(),
-                                 "info": tuple(fm.cache_info()), "res": resources()})
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        base = registries()
+        base_res = resources()
+        out: dict = {"per_cycle": []}
+        for _ in range(n):
+            rms = [realize(m) for m in MESHES]
+            sums = [[reduce_in(rm.group(a)) for a in rm.mesh.axis_names] for rm in rms]
+            # torch meshes over the groups: each root's, a selection's slice, and a product group
+            # registered on its root (where torch's own flatten finds it)
+            product = realize(MESHES[1], products=[("dp", "tp")])
+            torch_meshes = [rm.device_mesh for rm in rms] + [product["tp"].device_mesh]
+            flattened = product.device_mesh["dp", "tp"]._flatten()
+            found = flattened.get_group() is product.group(("dp", "tp"))
+            live = registries()["pg_map"]
+            fm.clear_cache()
+            # torch's destroy_process_group unregisters a gloo group, but its sockets and threads go
+            # with the last reference to the ProcessGroup: here, the stale realized meshes.
+            del rms, product, torch_meshes, flattened
+            out["per_cycle"].append({"sums": sums, "live": live, "registries": registries(), "found": found,
+                                     "info": tuple(fm.cache_info()), "res": resources()})
+    finally:
+        if collecting:
+            gc.enable()
     out.update(base=base, base_res=base_res, world_sum=reduce_in(dist.group.WORLD), rank=rank)
     return out
 
@@ -125,6 +140,7 @@ def test_realize_clear_cache_cycles_leave_no_group_socket_or_thread_behind(w4):
         for cycle in res["per_cycle"]:
             for mesh, sums in zip(MESHES, cycle["sums"]):
                 assert sums == [expected_reduce(mesh, a, rank) for a in mesh.axis_names], (rank, mesh)
+            assert cycle["found"], rank  # torch's flatten found the product group realize made
             assert cycle["live"] > res["base"]["pg_map"]  # groups existed during the cycle...
             assert cycle["registries"] == res["base"], rank  # ...and every registry is back to the start
             assert cycle["info"] == (0, 0, 0)
