@@ -356,7 +356,8 @@ def complement(layout: Layout, n: int) -> Layout:
         >>> complement(Layout((2, 2), (1, 1)), 8)
         Traceback (most recent call last):
         ...
-        functional_mesh.MeshError: `complement` requires a layout whose modes do not overlap and are aligned (each stride a multiple of the span below it), but got layout=(2,2):(1,1)
+        functional_mesh.MeshError: `complement` requires a layout whose modes do not overlap and are aligned
+        (each stride a multiple of the span below it), but got layout=(2,2):(1,1)
     """
     n = as_int("complement", "n", n)
     return Layout._from_modes(complement_modes(layout.modes, n, layout))
@@ -386,7 +387,8 @@ def composition(outer: Layout, inner: Layout) -> Layout:
         >>> composition(Layout(4, 1), Layout(3, 2))
         Traceback (most recent call last):
         ...
-        functional_mesh.MeshError: `composition` requires the inner layout to stay inside the outer layout's 4 coordinates, but got inner=3:2 (cosize 5) for outer=4:1
+        functional_mesh.MeshError: `composition` requires the inner layout to stay inside the outer layout's 4
+        coordinates, but got inner=3:2 (cosize 5) for outer=4:1
     """
     if inner.cosize > outer.size:
         raise MeshError(

@@ -241,7 +241,8 @@ def make_mesh(axis_sizes: Sequence[int], axis_names: str | Sequence[str], *, dev
         >>> make_mesh((2, 4), ("dp", "dp"))
         Traceback (most recent call last):
         ...
-        functional_mesh.MeshError: `make_mesh` requires distinct axis names, but got axis_names=('dp', 'dp'); 'dp' appears twice
+        functional_mesh.MeshError: `make_mesh` requires distinct axis names, but got axis_names=('dp', 'dp');
+        'dp' appears twice
     """
     api = "make_mesh"
     if isinstance(axis_sizes, (str, bytes, Mapping, AbstractSet)) or not isinstance(axis_sizes, Iterable):

@@ -31,18 +31,14 @@ __all__ = ["Groups"]
 class Groups:
     """The groups of a :class:`~functional_mesh.Mesh` and each rank's place in them.
 
-    A part of ``Mesh`` (it holds no fields of its own): it reads the axes' layouts, the device
-    list and the complement of the axes (the modes that enumerate the family), which ``Mesh`` sets.
+    A part of ``Mesh`` (no fields of its own): it reads the fields below, which ``Mesh`` sets, and
+    ``Shape``'s ``axis_names``, ``axis_sizes`` and ``layout``, and selects axes (``mesh[name]``).
     """
 
     __slots__ = ()
-    _layouts: tuple[L.Layout, ...]  # set by Mesh
-    _devices: Any  # set by Mesh: the DeviceList
-    _complement: L.Modes  # set by Mesh: the modes of the group offsets, outermost first
-    axis_names: tuple[str, ...]  # from Shape
-    axis_sizes: tuple[int, ...]  # from Shape
-    __getitem__: Any  # from Selections
-    layout: L.Layout  # from Shape
+    _layouts: tuple[L.Layout, ...]
+    _devices: Any  # the DeviceList
+    _complement: L.Modes  # the modes of the group offsets, outermost first: the family
 
     @property
     def num_devices(self) -> int:
@@ -56,7 +52,7 @@ class Groups:
 
     @property
     def device_list(self) -> Any:
-        """The device list value itself (a ``DeviceList``), shared with every derived mesh."""
+        """The device list value (a ``DeviceList``), shared with every derived mesh."""
         return self._devices
 
     @property
@@ -78,8 +74,7 @@ class Groups:
             >>> fm.make_mesh((2, 4), ("dp", "tp"))["dp"].groups().tolist()
             [[0, 4], [1, 5], [2, 6], [3, 7]]
         """
-        idx = L.groups(self.layout, len(self._devices))
-        return self._devices.take(idx).reshape((-1, *self.axis_sizes))
+        return self._devices.take(L.groups(self.layout, len(self._devices))).reshape((-1, *self.axis_sizes))
 
     def _index(self, api: str, rank: int) -> int | None:
         """Position of global ``rank`` in the device list, or ``None`` when absent."""
@@ -142,16 +137,14 @@ class Groups:
     def host_span(self, ranks_per_host: int) -> dict[str, str]:
         """Where each axis's groups sit when hosts hold ``ranks_per_host`` consecutive ranks.
 
-        The host of global rank ``r`` is ``r // ranks_per_host`` (torchrun's numbering, one agent
-        per host). A size-1 axis is intra-host. Reads every rank once: O(devices).
+        The host of rank ``r`` is ``r // ranks_per_host`` (torchrun's numbering). O(devices).
 
         Args:
             ranks_per_host: ranks per host, a positive int.
 
         Returns:
-            Per axis, in mesh order: ``"intra-host"`` when every group of the axis lies on one
-            host, ``"cross-host"`` when every group has each member on a different host,
-            ``"mixed"`` otherwise.
+            Per axis, in mesh order: ``"intra-host"`` when each group lies on one host (a size-1
+            axis too), ``"cross-host"`` when each member of a group is on its own host, else ``"mixed"``.
 
         Raises:
             MeshError: ``ranks_per_host`` below 1.
@@ -171,13 +164,9 @@ class Groups:
         k = min(k, self._devices.max() + 1)  # one host holds every device: same answer, no overflow
         span: dict[str, str] = {}
         for name, size in zip(self.axis_names, self.axis_sizes, strict=True):
-            hosts = np.sort(self[name].groups().reshape(-1, size) // k, axis=1)
-            if (hosts[:, 0] == hosts[:, -1]).all():
-                span[name] = "intra-host"
-            elif (hosts[:, 1:] != hosts[:, :-1]).all():
-                span[name] = "cross-host"
-            else:
-                span[name] = "mixed"
+            hosts = np.sort(self[name].groups().reshape(-1, size) // k, axis=1)  # each row: one group's hosts
+            one_host, all_apart = (hosts[:, 0] == hosts[:, -1]).all(), (hosts[:, 1:] != hosts[:, :-1]).all()
+            span[name] = "intra-host" if one_host else "cross-host" if all_apart else "mixed"
         return span
 
     @property

@@ -169,7 +169,8 @@ class NamedSharding:
         >>> fm.NamedSharding(mesh, P("dp", "dp"))
         Traceback (most recent call last):
         ...
-        functional_mesh.MeshError: `NamedSharding` requires each mesh axis at most once in the spec, but got spec=P('dp', 'dp'); axis 'dp' splits dims 0 and 1
+        functional_mesh.MeshError: `NamedSharding` requires each mesh axis at most once in the spec, but got
+        spec=P('dp', 'dp'); axis 'dp' splits dims 0 and 1
     """
 
     mesh: Mesh

@@ -71,7 +71,8 @@ def test_mesh_is_a_real_attrs_class_and_evolve_revalidates():
     renamed = attrs.evolve(mesh, axis_names=["x", "y"])  # the constructor's conversion: a list of names
     assert renamed.axis_names == ("x", "y") and renamed.groups().tolist() == mesh.groups().tolist()
     moved = attrs.evolve(MESH, devices=range(8, 16))
-    assert moved == fm.make_mesh((2, 4), ("dp", "tp"), devices=range(8, 16)) and moved.ranks.tolist()[0] == [8, 9, 10, 11]
+    assert moved == fm.make_mesh((2, 4), ("dp", "tp"), devices=range(8, 16))
+    assert moved.ranks.tolist()[0] == [8, 9, 10, 11]
     with pytest.raises(MeshError, match=r"^`Mesh` requires distinct axis names, but got axis_names=\('a', 'a'\)"):
         attrs.evolve(mesh, axis_names=("a", "a"))
     with pytest.raises(MeshError, match=r"^`Mesh` requires axes that do not overlap and tile the 8 devices"):
@@ -89,9 +90,9 @@ def test_device_range_is_a_real_attrs_class_and_evolve_revalidates():
     assert attrs.evolve(dl, n=4).to_array().tolist() == [14, 12, 10, 8]
     assert attrs.evolve(dl, n=1, step=5) == fm.make_mesh((1,), ("w",), devices=[14]).device_list  # normal form
     assert hash(attrs.evolve(dl, step=-2)) == hash(dl)
-    with pytest.raises(MeshError, match=r"^`DeviceRange` requires a non-zero step \(distinct ranks\), but got step=0$"):
+    with pytest.raises(MeshError, match=r"^`DeviceRange` requires a non-zero step \(distinct ranks\), but got step=0"):
         attrs.evolve(dl, step=0)
-    with pytest.raises(MeshError, match=r"^`DeviceRange` requires non-negative global ranks, but got devices='14..-4 step -2'"):
+    with pytest.raises(MeshError, match=r"^`DeviceRange` requires non-negative global ranks, but got devices='14..-4 step"):
         attrs.evolve(dl, n=10)
     with pytest.raises(MeshError, match=r"^`DeviceRange` requires a non-negative number of devices, but got n=-1$"):
         attrs.evolve(dl, n=-1)
