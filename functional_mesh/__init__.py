@@ -1,7 +1,7 @@
 """functional_mesh: device meshes as values, process groups at one effectful step.
 
 This module only re-exports; the implementation lives in private modules (``_mesh.py``,
-``_realize.py``, ...) whose floors ``README.md`` in this folder lists. The pure layer (``Mesh``,
+``_realize.py``, ...) whose layers ``README.md`` in this folder lists. The pure layer (``Mesh``,
 ``make_mesh``, shardings, layouts) imports without torch; the effectful and torch-facing names
 (``realize``, collectives, interop) load their module on first use (PEP 562), so planning a mesh
 needs no torch at all.

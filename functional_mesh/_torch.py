@@ -41,8 +41,8 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
   unchanged from a trace: the base of the errors a compiled shard_map raises while tracing
   (:func:`trace_time_error`).
 
-Creates no process group but one kind, for ``_realize`` only (:func:`one_rank_group`). Pure floors
-reach this module only lazily (``NamedSharding.placements``) so that planning a mesh needs no torch.
+Creates no process group but two kinds, for ``_cache`` only (:func:`one_rank_group`,
+:func:`group_in_order`). The pure layers reach this module only lazily (``NamedSharding.placements``) so that planning a mesh needs no torch.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def one_rank_group(name: str, desc: str) -> Any:
     ``ReduceOp.PREMUL_SUM`` does not apply its factor. Made with ``_new_process_group_helper``
     under ``name``, not through ``new_group``: torch's group counter (which names every later
     group, and on torch >= 2.14 counts local groups too) does not move, so one rank may make it
-    while the others do not. Only ``_realize`` calls this.
+    while the others do not. Only ``_cache`` calls this.
     """
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
 
@@ -221,7 +221,7 @@ def group_in_order(ranks: Sequence[int], backend: str | None, *, timeout: Any, g
     the next name of torch's group counter, and its group ranks follow ``ranks``' order. Returns
     ``None`` on a rank outside ``ranks``. Private: ``distributed_c10d._process_group_name``,
     ``_new_process_group_helper`` and ``_world.pg_group_ranks`` (what ``new_group`` itself calls on
-    torch 2.11). Only ``_realize`` calls this, and only where ``NEW_GROUP_SORT_RANKS`` is false.
+    torch 2.11). Only ``_cache`` calls this, and only where ``NEW_GROUP_SORT_RANKS`` is false.
     """
     c10d = dist.distributed_c10d
     backend_name = dist.Backend(backend or dist.get_backend())

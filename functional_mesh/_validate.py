@@ -1,4 +1,4 @@
-"""Converters and checks for user input, shared by every floor (pure: no torch).
+"""Converters and checks for user input, shared by every layer (pure: no torch).
 
 Two kinds, named by what they do (docs/design.md, "House rules"):
 

@@ -1,12 +1,14 @@
-"""The package is one line of floors (functional_mesh/README.md): imports only go down, no cycles.
+"""The package's named layers (functional_mesh/README.md): imports go down or sideways, never in a circle.
 
-The floors are read from the README's table, so the numbers it shows are the ones checked. Every
-import between our own modules is read from the source with ``ast``, at module level and inside
-functions alike. The test fails on an import cycle (function-level imports included), on a
-module-level import that goes up the README's floors, on a function-level import between our
-modules that is not listed below with its reason, on a module the table lacks, and on an
-integration (``integrations/``) that imports more than the facade, torch, torchtitan and the
-standard library.
+Which module belongs to which layer is one dict, :data:`LAYERS` (a folder per layer could take its
+place); the README's table must say the same. Every import between our own modules is read from
+the source with ``ast``, at module level and inside functions alike. The tests fail on an import
+cycle (function-level imports included, sideways ones too), on a module-level import of a higher
+layer, on a function-level import between our modules that is not listed below with its reason,
+on a module that no layer holds, and on an integration (``integrations/``) that imports more than
+the facade, torch, the frameworks it adapts and the standard library. Adding a module is one
+entry in :data:`LAYERS`: nothing is renumbered. The same file checks that private state stays
+home and that global state is named.
 """
 
 from __future__ import annotations
@@ -20,24 +22,24 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "functional_mesh"
 
-
-def readme_floors(text: str) -> dict[str, int]:
-    """``{module: floor}`` from the table of functional_mesh/README.md (``| 5 | `_sharding`, `_order` | ...``)."""
-    floors: dict[str, int] = {}
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 2 or not re.fullmatch(r"\d+( \(top\))?", cells[0]):
-            continue
-        for module in re.findall(r"`([\w.]+)`", cells[1]):
-            assert module not in floors, f"functional_mesh/README.md puts {module} on two floors"
-            floors[module] = int(cells[0].split()[0])
-    return floors
-
-
-README = PACKAGE / "README.md"
-FLOOR_OF = readme_floors(README.read_text())  # the floors as the README states them: the tests check them
-# Bottom first. A module may import only modules on lower floors.
-FLOORS: list[set[str]] = [{m for m, f in FLOOR_OF.items() if f == i} for i in range(max(FLOOR_OF.values()) + 1)]
+# The layers, bottom first: a module imports modules of its own layer (sideways) or of lower layers.
+LAYERS: dict[str, tuple[str, ...]] = {
+    # plain values and their algebra, pure functions of them (no torch)
+    "pure values": ("_errors", "_validate", "_layout", "layout", "_devices", "_mesh", "_mesh_shape",
+                    "_mesh_transforms", "_mesh_groups", "_sharding", "_order", "_visualize", "_realize_plan"),
+    # the varying-axes types and their rules (no torch)
+    "pure types": ("_vma",),
+    # what we take from torch: its objects, its private APIs, what compiled code can read
+    "torch boundary": ("_torch", "_context"),
+    # process groups and communication: the groups' life, the handle, realize, the collectives, DTensors
+    "effects": ("_agree", "_cache", "_handle", "_steps", "_realize", "_collectives", "_interop"),
+    # typed and untyped shard_map regions
+    "regions": ("_op_rules", "_shard_map"),
+    # the public names and the command line
+    "facade": ("__init__", "__main__"),
+}
+LAYER_OF = {module: layer for layer, modules in LAYERS.items() for module in modules}
+RANK = {layer: i for i, layer in enumerate(LAYERS)}  # bottom first
 
 # Function-level imports between our modules that are truly needed, each with its reason.
 LAZY_ALLOWED = {
@@ -45,10 +47,24 @@ LAZY_ALLOWED = {
 }
 
 
-def _floor(module: str) -> int:
-    if module in FLOOR_OF:
-        return FLOOR_OF[module]
-    raise AssertionError(f"module {module!r} is on no floor: add it to the table in functional_mesh/README.md")
+def _layer(module: str) -> str:
+    if module in LAYER_OF:
+        return LAYER_OF[module]
+    raise AssertionError(f"module {module!r} is in no layer: add it to LAYERS in tests/test_floors.py and to the "
+                         f"table in functional_mesh/README.md")
+
+
+def readme_layers(text: str) -> dict[str, str]:
+    """``{module: layer}`` from the table of functional_mesh/README.md (``| pure values | `_errors`, ... |``)."""
+    layers: dict[str, str] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or cells[0] not in LAYERS:
+            continue
+        for module in re.findall(r"`([\w.]+)`", cells[1]):
+            assert module not in layers, f"functional_mesh/README.md puts {module} in two layers"
+            layers[module] = cells[0]
+    return layers
 
 
 def _target(node: ast.ImportFrom | ast.Import, module: str) -> list[str]:
@@ -114,6 +130,12 @@ def find_cycle(edges: list[tuple[str, str]]) -> list[str] | None:
     return None
 
 
+def upward(edges: list[tuple[str, str, bool, int]], layer_of: dict[str, str]) -> list[str]:
+    """The module-level imports of a higher layer than the importer's."""
+    return [f"{a}.py:{line} imports {b} ({layer_of[a]} -> {layer_of[b]})" for a, b, lazy, line in edges
+            if not lazy and RANK[layer_of[b]] > RANK[layer_of[a]]]
+
+
 def test_the_reader_sees_the_imports_it_must():
     edges = {(a, b) for a, b, _, _ in imports()}
     assert ("_mesh", "_layout") in edges  # from . import _layout as L
@@ -126,19 +148,26 @@ def test_find_cycle_finds_a_cycle_through_a_function_level_import():
     assert find_cycle([("a", "b"), ("b", "c")]) is None
 
 
-def test_no_import_cycle_even_through_function_level_imports():
+def test_no_import_cycle_even_through_function_level_imports_and_sideways():
     cycle = find_cycle([(a, b) for a, b, _, _ in imports()])
     assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
 
 
 @pytest.mark.parametrize("module", sorted(p.stem for p in PACKAGE.glob("*.py")))
-def test_every_module_is_on_a_floor(module):
-    _floor(module)
+def test_every_module_is_in_a_layer(module):
+    _layer(module)
 
 
-def test_module_level_imports_go_down_the_floors():
-    up = [f"{a}.py:{line} imports {b}" for a, b, lazy, line in imports() if not lazy and _floor(b) >= _floor(a)]
-    assert up == [], "imports that do not go down the floors: " + "; ".join(up)
+def test_module_level_imports_go_down_or_sideways():
+    up = upward(imports(), LAYER_OF)
+    assert up == [], "imports of a higher layer: " + "; ".join(up)
+
+
+def test_an_import_of_a_higher_layer_is_seen_and_sideways_is_not():
+    layer_of = {"_mesh": "pure values", "_sharding": "pure values", "_torch": "torch boundary"}
+    edges = [("_mesh", "_sharding", False, 1), ("_sharding", "_torch", False, 2), ("_sharding", "_torch", True, 3),
+             ("_torch", "_mesh", False, 4)]
+    assert upward(edges, layer_of) == ["_sharding.py:2 imports _torch (pure values -> torch boundary)"]
 
 
 def test_function_level_imports_between_our_modules_are_only_the_listed_ones():
@@ -146,30 +175,27 @@ def test_function_level_imports_between_our_modules_are_only_the_listed_ones():
     assert lazy == sorted(LAZY_ALLOWED), f"function-level imports: {lazy}; allowed: {sorted(LAZY_ALLOWED)}"
 
 
-def test_the_readme_table_numbers_every_floor_once_from_0_to_the_top():
-    assert sorted(set(FLOOR_OF.values())) == list(range(len(FLOORS))) and all(FLOORS)
-    assert FLOORS[0] == {"_errors"} and FLOORS[-1] == {"__init__", "__main__"}
+def test_layers_hold_exactly_the_modules_of_the_package_once_each():
+    listed = [m for modules in LAYERS.values() for m in modules]
+    assert sorted(listed) == sorted(set(listed)) == sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert list(LAYERS)[0] == "pure values" and list(LAYERS)[-1] == "facade"
 
 
-def test_the_readme_lists_exactly_the_modules_of_the_package():
-    assert sorted(FLOOR_OF) == sorted(p.stem for p in PACKAGE.glob("*.py"))
+def test_the_readme_table_says_what_layers_says():
+    assert readme_layers((PACKAGE / "README.md").read_text()) == LAYER_OF
 
 
-def test_readme_floors_is_checked_against_the_table_as_written():
-    table = """| floor | modules | job | torch? |
+def test_readme_layers_reads_the_table_as_written():
+    table = """| layer | modules | job | torch? |
 |---|---|---|---|
-| 2 (top) | `__init__` | the facade | no |
-| 1 | `_mesh`, `_sharding` | values | no |
-| 0 | `_errors` | errors | no |
+| facade | `__init__` | the facade | no |
+| pure values | `_mesh`, `_sharding` | values | no |
+| floor 3 | `_x` | not a layer | no |
 """
-    assert readme_floors(table) == {"__init__": 2, "_mesh": 1, "_sharding": 1, "_errors": 0}
-    # a module moved to another floor in the README is seen: here _mesh would import _sharding sideways
-    edges = [("_mesh", "_sharding", False, 1), ("_sharding", "_errors", False, 1)]
-    floors = readme_floors(table)
-    assert [(a, b) for a, b, _, _ in edges if floors[b] >= floors[a]] == [("_mesh", "_sharding")]
+    assert readme_layers(table) == {"__init__": "facade", "_mesh": "pure values", "_sharding": "pure values"}
 
 
-# -- integrations: clients of the facade, above every floor ----------------------------------------
+# -- integrations: clients of the facade, above every layer ----------------------------------------
 
 INTEGRATIONS = PACKAGE / "integrations"
 INTEGRATION_MAY_IMPORT = {"functional_mesh", "torch", "torchtitan", "accelerate"}  # and the standard library

@@ -1,4 +1,4 @@
-"""Architecture rules of docs/design.md, "Floors": pure modules stay pure, one module creates groups."""
+"""Architecture rules of docs/design.md, "Layers": pure modules stay pure, one module creates groups."""
 
 from __future__ import annotations
 
@@ -51,11 +51,11 @@ PURE_MODULES = ["functional_mesh", "functional_mesh.layout", "functional_mesh._e
 
 
 def readme_torch_column() -> dict[str, str]:
-    """``{module: "yes" | "no"}``: the "torch?" column of the floors table in functional_mesh/README.md."""
+    """``{module: "yes" | "no"}``: the "torch?" column of the layers table in functional_mesh/README.md."""
     out = {}
     for line in (PACKAGE / "README.md").read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and re.fullmatch(r"\d+( \(top\))?", cells[0]):
+        if len(cells) == 4 and cells[3] in ("yes", "no"):
             out.update({m: cells[3] for m in re.findall(r"`([\w.]+)`", cells[1])})
     return out
 
