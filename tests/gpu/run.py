@@ -29,7 +29,7 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 LIMIT_S = {"nccl-1": 150, "gloo-cuda": 180, "nccl-multi": 180, "gloo-cpu": 240}
-EXPECTED = ("realize", "collectives", "dtensor", "shard_map", "compile_collectives", "compile", "fsdp_tp", "abort")
+EXPECTED = ("realize", "collectives", "compile_collectives", "dtensor", "shard_map", "compile", "fsdp_tp", "abort")
 
 
 def environment() -> tuple[bool, int, str]:
