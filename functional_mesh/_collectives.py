@@ -3,7 +3,7 @@
 As JAX keeps each primitive's rules beside its implementation (``jax/_src/lax/parallel.py``),
 each collective here is one :class:`Collective` record: its parameters and how they are checked,
 its type rule for a typed ``shard_map`` region, its untyped-region convention, and its
-communication (forward steps with their backward steps). The public functions are thin and
+communication (steps of ``_steps``, each with its transpose). The public functions are thin and
 uniform: each passes its arguments to :func:`_dispatch`, which sends the call to the open region
 (if any) or runs the record. The region (``_shard_map``) handles every collective through its
 record and never names one. Adding a collective is one record, its public function, tests, docs.
@@ -283,18 +283,18 @@ def _check(call: Call) -> S.Check | None:
                          (lambda: describe(call)) if describe is not None else str)
 
 
-def _apply(call: Call, check: S.Check | None, x: torch.Tensor, forward: tuple | None, backward: tuple | None,
-           hop: Hop) -> torch.Tensor:
-    """One step of ``call`` over ``hop``, with its backward.
+def _apply(call: Call, check: S.Check | None, x: torch.Tensor, step: Any, hop: Hop) -> torch.Tensor:
+    """One step of ``call`` over ``hop``, with its transpose backward.
 
     Eagerly, with no check and no gradient to send back through communication, the step runs as
-    it is: ``all_reduce``'s buffer is a clone (identity gradient), the identity a view. Otherwise
-    (compiling, debug check, or a backward that communicates) one autograd node pairs the steps.
+    it is: ``AllReduce``'s buffer is a clone, whose gradient is its transpose (the identity).
+    Otherwise (compiling, debug check, or a transpose that communicates) one autograd node pairs
+    the step with its transpose.
     """
     bound = partial(check, axes=hop.axes, group=hop.pg) if check is not None and hop.size > 1 else None
-    if call.traced or bound is not None or (backward is not None and x.requires_grad and torch.is_grad_enabled()):
-        return S.Comm.apply(x, forward, backward, bound)
-    return S.run(forward, x)
+    if call.traced or bound is not None or (not step.grad_by_torch and x.requires_grad and torch.is_grad_enabled()):
+        return S.Comm.apply(x, step, bound)
+    return step.run(x)
 
 
 # -- the records: each collective's parameters, communication and rules ------------------------------
@@ -311,7 +311,7 @@ def _tiled(api: str, params: dict[str, Any]) -> dict[str, Any]:
 def _psum(call: Call) -> torch.Tensor:
     x, check = call.x, _check(call)
     for hop in call.hops():
-        x = _apply(call, check, x, ("all_reduce", call.group(hop)), None, hop)
+        x = _apply(call, check, x, S.AllReduce(call.group(hop), "sum"), hop)
     return x
 
 
@@ -338,7 +338,7 @@ def _psum_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: 
 def _pvary(call: Call) -> torch.Tensor:
     x, check = call.x, _check(call)
     for hop in call.hops():
-        x = _apply(call, check, x, None, ("all_reduce", call.group(hop)), hop)
+        x = _apply(call, check, x, S.Identity(call.group(hop)), hop)
     return x
 
 
@@ -379,9 +379,7 @@ def _all_gather(call: Call) -> torch.Tensor:
     hops, check = call.hops(), _check(call)
     invariant = params["to"] == "invariant"
     for hop in reversed(hops):  # innermost axis first: the outermost ends up major
-        group = call.group(hop)
-        back = ("slice", hop.size, d, hop.index) if invariant else ("scatter", group, hop.size, d)
-        x = _apply(call, check, x, ("gather", group, hop.size, d), back, hop)
+        x = _apply(call, check, x, S.Gather(call.group(hop), hop.size, d, hop.index if invariant else None), hop)
     return x
 
 
@@ -410,8 +408,7 @@ def _psum_scatter(call: Call) -> torch.Tensor:
         raise call.fail(rule, f"x.shape[{d}]", x.shape[d])
     hops, check = call.hops(), _check(call)
     for hop in hops:  # outermost axis first
-        group = call.group(hop)
-        x = _apply(call, check, x, ("scatter", group, hop.size, d), ("gather", group, hop.size, d), hop)
+        x = _apply(call, check, x, S.Scatter(call.group(hop), hop.size, d), hop)
     return x if params["tiled"] else x.squeeze(d)
 
 
@@ -452,8 +449,7 @@ def _exchange(call: Call, x: torch.Tensor, s: int, c: int) -> torch.Tensor:
     hops, check = call.hops(), _check(call)
     if len(hops) == 1:
         (hop,) = hops
-        group, n = call.group(hop), hop.size
-        return _apply(call, check, x, ("exchange", group, n, s, c), ("exchange", group, n, c, s), hop)
+        return _apply(call, check, x, S.Exchange(call.group(hop), hop.size, s, c), hop)
     # A tuple without its product group: one untiled exchange per axis, first axis major (a size-1
     # axis changes no destination). split_dim becomes one dim per axis (destination coordinates,
     # outermost first); the exchange over axis i turns dim i from "to whom" into "from whom", so
@@ -463,9 +459,7 @@ def _exchange(call: Call, x: torch.Tensor, s: int, c: int) -> torch.Tensor:
     front = x.movedim(s, 0)
     y = front.reshape(*sizes, front.shape[0] // math.prod(sizes), *front.shape[1:])
     for i, hop in enumerate(hops):  # untiled over one axis: stack at i, the split axis i squeezed away
-        group, n = call.group(hop), hop.size
-        y = y.unsqueeze(i)
-        y = _apply(call, check, y, ("exchange", group, n, i + 1, i), ("exchange", group, n, i, i + 1), hop)
+        y = _apply(call, check, y.unsqueeze(i), S.Exchange(call.group(hop), hop.size, i + 1, i), hop)
         y = y.squeeze(i + 1)
     blocks = y.flatten(0, len(sizes) - 1).movedim(1, s + 1)  # (n, *x's dims with split_dim cut to one block)
     return blocks.movedim(0, c).flatten(c, c + 1)
@@ -525,7 +519,7 @@ def _ragged(call: Call) -> torch.Tensor:
     else:
         got = _sizes(call, "recv_sizes", recv, n)
     check = _check(call)
-    return _apply(call, check, x, ("ragged", group, sent, got), ("ragged", group, got, sent), hop)
+    return _apply(call, check, x, S.Ragged(group, sent, got), hop)
 
 
 def _exchange_counts(call: Call, sent: tuple[int, ...], hop: Hop, group: Any) -> tuple[int, ...]:
@@ -536,7 +530,7 @@ def _exchange_counts(call: Call, sent: tuple[int, ...], hop: Hop, group: Any) ->
         raise call.fail("recv_sizes under torch.compile (the counts exchange makes shapes data-dependent)",
                         "recv_sizes", None)
     counts = torch.tensor(sent, dtype=torch.int64, device=call.x.device)
-    return tuple(S.run(("exchange", group, hop.size, 0, 0), counts).tolist())
+    return tuple(S.Exchange(group, hop.size, 0, 0).run(counts).tolist())
 
 
 def _describe_ragged(call: Call) -> str:
@@ -571,16 +565,14 @@ def _ppermute(call: Call) -> torch.Tensor:
     hops, check = call.hops(), _check(call)
     if len(hops) == 1:  # one axis, or the product group: one all-to-all with empty blocks (traces)
         (hop,) = hops
-        group, n = call.group(hop), hop.size
-        inverse = tuple((d, s) for s, d in pairs)
-        return _apply(call, check, call.x, ("permute", group, n, me, pairs), ("permute", group, n, me, inverse), hop)
+        return _apply(call, check, call.x, S.Permute(call.group(hop), hop.size, me, pairs), hop)
     if call.traced:
         rule = "under torch.compile, one axis or a tuple whose product group was realized"
         raise MeshError(requires(call.api, rule, "axis", call.names) + f"; pass products=[{call.names!r}] to realize",
                         mesh=call.rm.mesh)
     members = call.rm.mesh[call.names].group_of(call.rm.rank).reshape(-1).tolist()
     bound = partial(check, axes=call.names, members=members) if check is not None else None
-    return S.P2P.apply(call.x, members, me, list(pairs), bound)
+    return S.Comm.apply(call.x, S.PointToPoint(tuple(members), me, pairs), bound)
 
 
 def _describe_perm(call: Call) -> str:
@@ -717,7 +709,7 @@ def local_block(x: torch.Tensor, axis: str | Sequence[str], dim: int, *, mesh: R
     """
     call = Call("shard_map", mesh, x, resolve_axes("shard_map", mesh, axis), {}, torch.compiler.is_compiling())
     for hop in call.hops():  # outermost first; backward gathers innermost first
-        x = _apply(call, None, x, ("slice", hop.size, dim, hop.index), ("gather", call.group(hop), hop.size, dim), hop)
+        x = _apply(call, None, x, S.Slice(call.group(hop), hop.size, dim, hop.index), hop)
     return x
 
 

@@ -29,9 +29,10 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
 - ``torch._guards.TracingContext.try_get()``, to tell one trace from the next (:func:`trace_id`);
 - ``DTensor._local_tensor`` (:func:`local_tensor`), a region's argument that needs no gradient;
 - ``distributed_c10d._world.pg_map`` (:func:`known_groups`), so ``clear_cache`` skips groups torch destroyed;
-- ``ProcessGroup.allreduce(tensors, AllreduceOptions())``, ``alltoall_base``, ``_allgather_base``
-  and ``_reduce_scatter_base`` eagerly (what ``dist.all_reduce``, ``all_to_all_single``,
-  ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` call after their checks);
+- ``ProcessGroup.allreduce(tensors, AllreduceOptions)``, ``alltoall_base``, ``_allgather_base``
+  and ``_reduce_scatter_base(out, x, ReduceScatterOptions)`` eagerly (what ``dist.all_reduce``,
+  ``all_to_all_single``, ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` call after their
+  checks), the reduction a parameter (:data:`REDUCE_OPS`);
 - ``torch.ops._c10d_functional`` (``all_reduce``, ``all_gather_into_tensor``,
   ``reduce_scatter_tensor``, ``all_to_all_single``, ``wait_tensor``): the collectives, by group name;
 - ``torch._C._is_torch_function_mode_enabled()``, to let a ``shard_map`` region see the
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -111,24 +113,37 @@ _C10D = torch.ops._c10d_functional  # functional collectives by group name: what
 # reals. Same values either way; ``x`` is contiguous where a dim-0 block layout matters.
 
 
-def all_reduce(x: torch.Tensor, group: Any) -> torch.Tensor:
-    """The sum over ``group`` (a new tensor).
+# The reductions of our steps, by the names torch's functional collectives take, with c10d's
+# options for each (read-only: a mapping proxy).
+REDUCE_OPS = ("sum", "max", "min")
+
+
+def _options(kind: Any, op: str) -> Any:
+    options = kind()
+    options.reduceOp = getattr(dist.ReduceOp, op.upper())
+    return options
+
+
+_ALLREDUCE = MappingProxyType({op: _options(dist.AllreduceOptions, op) for op in REDUCE_OPS})
+_REDUCE_SCATTER = MappingProxyType({op: _options(dist.ReduceScatterOptions, op) for op in REDUCE_OPS})
+
+
+def all_reduce(x: torch.Tensor, op: str, group: Any) -> torch.Tensor:
+    """The reduction ``op`` (one of :data:`REDUCE_OPS`) over ``group``, as a new tensor.
 
     Eagerly the result is a clone of ``x`` reduced in place: its gradient is the clone's, the
-    identity, which is psum's own backward; the in-place reduction goes through a detached alias.
+    identity, which is psum's own backward (the other reductions take theirs from their autograd
+    node); the in-place reduction goes through a detached alias.
     """
     if isinstance(group, str):
-        return _C10D.wait_tensor(_C10D.all_reduce(x, "sum", group))
+        return _C10D.wait_tensor(_C10D.all_reduce(x, op, group))
     y = x.clone(memory_format=torch.contiguous_format)
     target = y.detach() if y.requires_grad else y
     if target.is_complex():  # c10d's wrapper reduces complex values as pairs of reals
-        dist.all_reduce(target, group=group)
+        dist.all_reduce(target, op=_ALLREDUCE[op].reduceOp, group=group)
     else:  # the group's own method: what dist.all_reduce calls, without its checks (~3 us)
-        group.allreduce([target], _SUM).wait()
+        group.allreduce([target], _ALLREDUCE[op]).wait()
     return y
-
-
-_SUM = dist.AllreduceOptions()  # ReduceOp.SUM, the default
 
 
 def all_gather(x: torch.Tensor, n: int, group: Any) -> torch.Tensor:
@@ -143,15 +158,15 @@ def all_gather(x: torch.Tensor, n: int, group: Any) -> torch.Tensor:
     return out
 
 
-def reduce_scatter(x: torch.Tensor, n: int, group: Any) -> torch.Tensor:
-    """The sum over the group, this member's ``1/n`` block of dim 0."""
+def reduce_scatter(x: torch.Tensor, op: str, n: int, group: Any) -> torch.Tensor:
+    """The reduction ``op`` over the group, this member's ``1/n`` block of dim 0."""
     if isinstance(group, str):
-        return _C10D.wait_tensor(_C10D.reduce_scatter_tensor(x, "sum", n, group))
+        return _C10D.wait_tensor(_C10D.reduce_scatter_tensor(x, op, n, group))
     out = x.new_empty((x.shape[0] // n, *x.shape[1:]))
     if x.is_complex():
-        dist.reduce_scatter_tensor(out, x, group=group)
+        dist.reduce_scatter_tensor(out, x, op=_REDUCE_SCATTER[op].reduceOp, group=group)
     else:
-        group._reduce_scatter_base(out, x).wait()  # ReduceOp.SUM by default
+        group._reduce_scatter_base(out, x, _REDUCE_SCATTER[op]).wait()
     return out
 
 

@@ -413,3 +413,52 @@ def shard_map_made_inside_compiled() -> tuple[int, bool]:
 @pytest.mark.timeout(300)
 def test_a_shard_map_made_inside_the_compiled_function(w2):
     assert w2.run(shard_map_made_inside_compiled, timeout=300) == [(0, True), (0, True)]
+
+
+
+# -- a compiled pipeline with gradients on inductor (issue 28) ----------------------------------------------
+#
+# Two partial ppermutes in a row: a member that receives nothing gets zeros, and the backward of
+# the second sends nothing back to rank 1. Each rank traces its own graph; where a backward
+# collective's input did not depend on the incoming gradient (zeros made from nothing), inductor's
+# partitioner placed it in rank 1's compiled forward and not in rank 0's, and the ranks met
+# different collectives until the group's timeout. Every step's result is now made from what it
+# communicated. The issue's program (its values are all zero) and one with a value that flows.
+
+
+def _pipeline(w):  # the issue's program
+    a = fm.ppermute(torch.tanh(w), "pp", [(0, 1)])
+    b = fm.ppermute(torch.tanh(a * w), "pp", [(0, 1)])
+    return fm.psum(b.sum(), "pp")
+
+
+def _pipeline_flowing(w):  # rank 0 sends w itself on: y = w[0], dy/dw = (1, 0)
+    a = fm.ppermute(torch.tanh(w), "pp", [(0, 1)])
+    b = fm.ppermute(torch.tanh(a * w) + w, "pp", [(0, 1)])
+    return fm.psum(b.sum(), "pp")
+
+
+PIPELINES = {"issue": (_pipeline, 0.0, [0.0, 0.0]), "flowing": (_pipeline_flowing, 0.5, [1.0, 0.0])}
+
+
+def pipeline_compiled_vs_eager(name: str) -> dict:
+    """A pipeline program on inductor with .backward(): output and gradient, eager and compiled."""
+    rm = fm.realize(fm.make_mesh((2,), ("pp",)), timeout=GROUP_TIMEOUT, check=CHECK_S)
+    f = fm.shard_map(PIPELINES[name][0], mesh=rm, in_specs=P("pp"), out_specs=P())
+    runs = {}
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        w = torch.tensor([0.5, 1.0], dtype=torch.float64, requires_grad=True)
+        y = (torch.compile(f, fullgraph=True) if compiled else f)(w).full_tensor()
+        y.backward()
+        runs[compiled] = (y.item(), w.grad.tolist())
+    return runs
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", list(PIPELINES))
+def test_a_compiled_pipeline_backward_finishes_on_inductor_with_eagers_values(w2, name):
+    _, y, grad = PIPELINES[name]  # one process: w = (0.5, 1.0) split over pp
+    for rank, runs in enumerate(w2.run(pipeline_compiled_vs_eager, name, timeout=500)):
+        assert runs[False] == (y, grad), (rank, runs)
+        assert runs[True] == runs[False], (rank, runs)
