@@ -44,7 +44,18 @@ _ABORT_LOCK_WAIT_S = 1.0  # abort waits this long for a realize call in progress
 
 
 class CacheInfo(NamedTuple):
-    """``hits``/``misses``: axis lookups; ``groups``: distinct member tuples groups were made for."""
+    """The group cache's counters, as :func:`cache_info` returns them (all 0 after :func:`clear_cache`).
+
+    Attributes:
+        hits: axis lookups that found the axis's groups (no group made).
+        misses: axis lookups that did not (groups made, or found under their member tuples).
+        groups: distinct member tuples groups were made for (members or not: equal on every rank).
+
+    Examples:
+        >>> import functional_mesh as fm
+        >>> fm.CacheInfo(hits=2, misses=2, groups=6).groups
+        6
+    """
 
     hits: int
     misses: int
@@ -265,16 +276,52 @@ def init_default(plan: InitPlan, timeout: datetime.timedelta | None) -> None:
 
 
 def cache_info() -> CacheInfo:
-    """Hits and misses of axis lookups, and how many distinct groups were created."""
+    """Hits and misses of realize's axis lookups, and how many distinct groups it created.
+
+    No communication: this rank's counters, which are the same on every rank of an SPMD program.
+
+    Returns:
+        The counters since the process started or the last :func:`clear_cache` or ``abort``.
+
+    Examples:
+        >>> import torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
+        >>> rm = fm.realize(mesh)
+        >>> fm.cache_info()  # dp: 4 groups, tp: 2 groups
+        CacheInfo(hits=0, misses=2, groups=6)
+        >>> whole = fm.realize(mesh.flatten())  # an axis over the whole world borrows the default group
+        >>> fm.cache_info(), whole.group("dp_tp") is dist.group.WORLD
+        (CacheInfo(hits=0, misses=3, groups=6), True)
+        >>> fm.clear_cache(); dist.destroy_process_group()
+    """
     return CACHE.info()
 
 
 def clear_cache() -> None:
     """Destroy every process group realize created (and no other), and forget all keys.
 
-    Realized meshes from before the call raise ``MeshError`` when used. A group torch no longer
-    knows (``dist.destroy_process_group()`` without a group already destroyed every group) is
-    only forgotten.
+    Realized meshes from before the call raise ``MeshError`` when used; ``realize`` makes fresh
+    groups afterwards. The default group and groups made by anyone else are left alone. A group
+    torch no longer knows (``dist.destroy_process_group()`` without a group already destroyed
+    every group) is only forgotten. Call it on every rank, before ``dist.destroy_process_group()``.
+
+    Examples:
+        >>> import torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> fm.clear_cache()
+        >>> fm.cache_info()
+        CacheInfo(hits=0, misses=0, groups=0)
+        >>> rm.group("tp")
+        Traceback (most recent call last):
+        ...
+        functional_mesh.MeshError: `RealizedMesh.group` requires a realized mesh whose groups still exist, but got RealizedMesh(Mesh(dp=2, tp=4), fake, rank 5: coordinate (1, 1)), whose groups clear_cache() destroyed; call realize(mesh) again
+        >>> dist.destroy_process_group()
     """
     with CACHE.lock:
         created = CACHE.forget("clear_cache() destroyed")

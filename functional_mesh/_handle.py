@@ -34,10 +34,28 @@ _CURRENT: ContextStack[RealizedMesh] = ContextStack("functional_mesh_current", s
 
 
 def current_mesh() -> RealizedMesh | None:
-    """The innermost ``with rm:`` mesh of this thread/task, or ``None``.
+    """The innermost ``with rm:`` mesh of this thread or asyncio task, or ``None``.
 
-    Under ``torch.compile``: the innermost ``with rm:`` of the process (enter it outside the
-    compiled function; threads that enter different meshes should pass ``mesh=`` instead).
+    Every axis-name function (``fm.psum``, ``fm.shard_map``, ``fm.distribute``, ...) called with
+    ``mesh=None`` uses it. Under ``torch.compile``: the innermost ``with rm:`` of the process
+    (enter it outside the compiled function; threads that enter different meshes should pass
+    ``mesh=`` instead).
+
+    Returns:
+        The realized mesh of the innermost enclosing ``with rm:`` block, or ``None`` outside any.
+
+    Examples:
+        >>> import torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> with rm:
+        ...     fm.current_mesh() is rm, fm.axis_index("tp")
+        (True, 1)
+        >>> fm.current_mesh() is None
+        True
+        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return _CURRENT.top()
 
@@ -67,6 +85,11 @@ def _read_only(slot: str, doc: str) -> Any:
 class RealizedMesh(Frozen):
     """A mesh value with this rank's process groups. Made by :func:`realize`; read-only, not picklable.
 
+    Selecting axes (``rm["tp"]``, ``rm["dp", "tp"]``) gives a realized mesh over the same groups
+    (no communication, nothing created); ``with rm:`` makes it the mesh of every axis-name call
+    with ``mesh=None`` (:func:`current_mesh`). After :func:`clear_cache` or :func:`abort` every
+    use raises ``MeshError``: realize again.
+
     Attributes:
         mesh: the pure :class:`Mesh`.
         device_type: "cpu" or "cuda".
@@ -74,8 +97,29 @@ class RealizedMesh(Frozen):
         rank: this process's global rank.
         coordinate: this rank's coordinate in its submesh (mesh order), ``None`` if outside.
 
-    Assigning any attribute raises ``AttributeError``: a handle whose mesh changed would no
-    longer match its groups.
+    Raises:
+        AttributeError: on assigning any attribute: a handle whose mesh changed would no longer
+            match its groups.
+        TypeError: on pickling or copying: it holds live process groups (pickle ``rm.mesh``).
+
+    Examples:
+        >>> import torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> rm.mesh, rm.rank, rm.coordinate, rm.local_rank("tp"), rm.axis_size("tp")
+        (Mesh(dp=2, tp=4), 5, (1, 1), 1, 4)
+        >>> tp = rm["tp"]
+        >>> tp.group("tp") is rm.group("tp"), tp.mesh.axis_names
+        (True, ('tp',))
+        >>> rm.device_mesh.mesh_dim_names
+        ('dp', 'tp')
+        >>> rm.rank = 0  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        AttributeError: RealizedMesh is read-only: cannot set 'rank'...
+        >>> fm.clear_cache(); dist.destroy_process_group()
     """
 
     __slots__ = ("_mesh", "_device_type", "_backend", "_rank", "_coordinate", "_groups", "_epoch", "_root",
@@ -381,6 +425,25 @@ def abort(rm: RealizedMesh | None = None) -> None:
     Args:
         rm: ``None``, or a realized mesh (``rm.abort()``): the same, since realized meshes share
             their groups through the cache, abort is per cache.
+
+    Raises:
+        TypeError: ``rm`` is neither ``None`` nor a ``RealizedMesh``.
+
+    Examples:
+        >>> import torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
+        >>> rm = fm.realize(mesh)
+        >>> fm.abort()
+        >>> rm.group("tp")
+        Traceback (most recent call last):
+        ...
+        functional_mesh.MeshError: `RealizedMesh.group` requires a realized mesh whose groups still exist, but got RealizedMesh(Mesh(dp=2, tp=4), fake, rank 5: coordinate (1, 1)), whose groups abort() aborted; call realize(mesh) again (after re-forming the default group if a peer died)
+        >>> fm.cache_info(), fm.realize(mesh).group("tp") is not None  # fresh groups
+        (CacheInfo(hits=0, misses=0, groups=0), True)
+        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     if rm is not None and not isinstance(rm, RealizedMesh):
         raise TypeError(requires("abort", "rm=None or a RealizedMesh", "rm", rm))

@@ -30,7 +30,35 @@ __all__ = ["distribute", "from_device_mesh", "reshard", "sharding_of"]
 def from_device_mesh(dm: Any) -> Mesh:
     """The pure ``Mesh`` of an existing torch ``DeviceMesh`` (all its groups, not just this rank's).
 
-    Its groups, their order and every coordinate equal ``dm``'s (tests/fake/ checks this).
+    Its groups, their order and every coordinate equal ``dm``'s (tests/fake/ checks this). A dim
+    without a name is called ``dim<i>``. No communication, no group made.
+
+    Args:
+        dm: a torch ``DeviceMesh`` (``init_device_mesh``, a slice, a flattened mesh, ``rm.device_mesh``).
+
+    Returns:
+        The mesh value: realize it to get a ``RealizedMesh`` over groups of its own.
+
+    Raises:
+        TypeError: ``dm`` is not a ``DeviceMesh``.
+
+    Examples:
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from functional_mesh import P, NamedSharding
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
+        >>> rm = fm.realize(mesh)
+        >>> from torch.distributed.device_mesh import init_device_mesh
+        >>> dm = init_device_mesh("cpu", (4, 2), mesh_dim_names=("dp", "tp"))
+        >>> fm.from_device_mesh(dm)
+        Mesh(dp=4, tp=2)
+        >>> fm.from_device_mesh(dm["tp"]).groups().tolist()  # every rank's group, not only this one's
+        [[0, 1], [2, 3], [4, 5], [6, 7]]
+        >>> fm.from_device_mesh(rm.device_mesh) == mesh
+        True
+        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     names, modes, ranks = _torch.mesh_parts(dm)
     return Mesh(names, tuple(Layout(shape, stride) for shape, stride in modes), ranks)
@@ -39,8 +67,36 @@ def from_device_mesh(dm: Any) -> Mesh:
 def distribute(tensor: torch.Tensor, sharding: NamedSharding, *, mesh: Any = None) -> DTensor | None:
     """The DTensor whose local shard is ``tensor[sharding.local_slices(tensor.shape, rank)]``.
 
-    ``tensor`` is the full tensor on every rank; nothing is communicated. Returns ``None`` on a
-    rank outside the mesh (it has no shard).
+    ``tensor`` is the full tensor on every rank; nothing is communicated (unlike
+    ``distribute_tensor``, which scatters from one rank).
+
+    Args:
+        tensor: the full value, the same on every rank.
+        sharding: where each block goes: a ``NamedSharding`` on the realized mesh's ``Mesh``.
+        mesh: the ``RealizedMesh``; ``None`` = the current ``with rm:`` mesh.
+
+    Returns:
+        The DTensor on ``rm.device_mesh`` (``_StridedShard`` where the spec needs it), or ``None``
+        on a rank outside the mesh (it has no shard).
+
+    Raises:
+        TypeError: ``tensor`` is not a tensor, ``sharding`` not a ``NamedSharding``, or ``mesh``
+            not a ``RealizedMesh``.
+        MeshError: ``sharding.mesh`` is not the realized mesh's, the tensor has fewer dims than the
+            spec, or ``mesh=None`` outside ``with rm:``.
+
+    Examples:
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from functional_mesh import P, NamedSharding
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
+        >>> rm = fm.realize(mesh)
+        >>> x = fm.distribute(torch.arange(8.0), NamedSharding(mesh, P("tp")), mesh=rm)
+        >>> x.shape, x.to_local(), x.placements
+        (torch.Size([8]), tensor([2., 3.]), (Replicate(), Shard(dim=0)))
+        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     rm = resolve_mesh("distribute", mesh)
     if not isinstance(sharding, NamedSharding):
@@ -112,8 +168,31 @@ def _built_while_tracing(mesh: Mesh) -> bool:
 def sharding_of(dtensor: DTensor) -> NamedSharding:
     """The ``NamedSharding`` of an existing DTensor (``Shard``, ``_StridedShard``, ``Replicate``).
 
-    ``Partial`` placements (pending reductions) have no sharding: a ``MeshError`` says to
-    redistribute first.
+    Read from the DTensor's torch mesh and placements alone: no communication.
+
+    Args:
+        dtensor: a DTensor on any torch ``DeviceMesh``.
+
+    Returns:
+        Its sharding, on the ``Mesh`` of its torch mesh (:func:`from_device_mesh`).
+
+    Raises:
+        TypeError: ``dtensor`` is not a DTensor.
+        MeshError: a ``Partial`` placement (a pending reduction has no sharding: redistribute it
+            first), or placements no ``PartitionSpec`` can say.
+
+    Examples:
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from functional_mesh import P, NamedSharding
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
+        >>> rm = fm.realize(mesh)
+        >>> x = fm.distribute(torch.ones(4, 8), NamedSharding(mesh, P("tp", "dp")), mesh=rm)
+        >>> fm.sharding_of(x)
+        NamedSharding(Mesh(dp=2, tp=4), P('tp', 'dp'))
+        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     if not isinstance(dtensor, DTensor):
         raise TypeError(requires("sharding_of", "a DTensor", "dtensor", dtensor))
@@ -125,8 +204,34 @@ def sharding_of(dtensor: DTensor) -> NamedSharding:
 def reshard(dtensor: DTensor, sharding: NamedSharding) -> DTensor:
     """``dtensor`` with the layout of ``sharding``: explicit communication through DTensor's ``redistribute``.
 
-    ``sharding.mesh`` must be the mesh ``dtensor`` lives on (this rank's submesh of it, for a family
-    mesh). The global value is unchanged; a ``Partial`` source is reduced on the way.
+    A collective call: every rank of the DTensor's mesh calls it. The global value is unchanged;
+    a ``Partial`` source is reduced on the way.
+
+    Args:
+        dtensor: the DTensor to move.
+        sharding: the layout it gets; ``sharding.mesh`` must be the mesh ``dtensor`` lives on (this
+            rank's submesh of it, for a family mesh).
+
+    Returns:
+        A DTensor on the same torch mesh with ``sharding``'s placements.
+
+    Raises:
+        TypeError: ``dtensor`` is not a DTensor, or ``sharding`` not a ``NamedSharding``.
+        MeshError: ``sharding.mesh`` is not the mesh the DTensor lives on.
+
+    Examples:
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from functional_mesh import P, NamedSharding
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
+        >>> rm = fm.realize(mesh)
+        >>> x = fm.distribute(torch.arange(8.0), NamedSharding(mesh, P("tp")), mesh=rm)
+        >>> y = fm.reshard(x, NamedSharding(mesh, P()))  # an all-gather over tp
+        >>> fm.sharding_of(y), y.to_local().shape
+        (NamedSharding(Mesh(dp=2, tp=4), P()), torch.Size([8]))
+        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     if not isinstance(dtensor, DTensor):
         raise TypeError(requires("reshard", "a DTensor", "dtensor", dtensor))

@@ -117,6 +117,31 @@ def realize(
 
     Returns:
         The realized mesh: ``rm.group("tp")``, ``rm.coordinate``, ``rm.device_mesh``, ...
+
+    Raises:
+        TypeError: ``mesh`` is not a ``Mesh``, or an argument has the wrong type.
+        MeshError: a device of the mesh is not a rank of the world, a backend or device type is not
+            available, a per-axis key names no axis (or a product not in ``products``), the ranks
+            asked for different meshes or settings or one never arrived (``check``), or a member
+            died while the groups were made (within ``timeout``).
+
+    Examples:
+        One process standing in as rank 5 of 8 on torch's fake backend (a real job runs under
+        torchrun, where realize starts the default group itself):
+
+        >>> import torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> rm
+        RealizedMesh(Mesh(dp=2, tp=4), fake, rank 5: coordinate (1, 1))
+        >>> dist.get_process_group_ranks(rm.group("tp"))
+        [4, 5, 6, 7]
+        >>> again = fm.realize(fm.make_mesh((2, 4), ("dp", "tp"))["tp", "dp"])  # a lookup: no new group
+        >>> again.group("tp") is rm.group("tp"), fm.cache_info()
+        (True, CacheInfo(hits=2, misses=2, groups=6))
+        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(requires("realize", "a functional_mesh.Mesh", "mesh", mesh))

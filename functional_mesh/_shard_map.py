@@ -330,10 +330,37 @@ def _operands(args: tuple, kwargs: dict) -> tuple[list[Any], Any]:
 def typeof(t: torch.Tensor) -> _vma.AxisTypes:
     """The axes a local tensor varies over, inside a ``shard_map`` region with ``check_vma=True``.
 
-    Examples (inside a region over a mesh ("x", "y"), ``x`` with in_spec ``P("x")``)::
+    JAX's ``jax.typeof(x).vma``: a tensor that entered sharded over an axis varies over it; a
+    ``psum`` over the axis makes it invariant; an op's result varies over the union of its
+    operands' axes (docs/shard_map.md).
 
-        fm.typeof(x)                  # AxisTypes(varying=frozenset({'x'}))
-        fm.typeof(fm.psum(x, "x"))    # AxisTypes(varying=frozenset())
+    Args:
+        t: a tensor of the region (one made outside it reads as invariant).
+
+    Returns:
+        Its type: ``AxisTypes(varying=frozenset(axis names))``.
+
+    Raises:
+        TypeError: ``t`` is not a tensor.
+        MeshError: no enclosing region, or one with ``check_vma=False`` (it tracks no types).
+
+    Examples:
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from functional_mesh import P
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> def f(x):
+        ...     print(fm.typeof(x), fm.typeof(fm.psum(x, "tp")))
+        ...     return x
+        >>> _ = fm.shard_map(f, in_specs=P("tp"), out_specs=P("tp"), mesh=rm)(torch.arange(8.0))
+        AxisTypes(varying=frozenset({'tp'})) AxisTypes(varying=frozenset())
+        >>> fm.typeof(torch.ones(2))
+        Traceback (most recent call last):
+        ...
+        functional_mesh.MeshError: `typeof` requires an enclosing shard_map region with check_vma=True, but got none
+        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(requires("typeof", "a torch.Tensor", "t", t))
@@ -357,7 +384,45 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
             check the results against out_specs (docs/shard_map.md); ``False`` trusts out_specs.
 
     Returns:
-        The mapped function: DTensor or full-tensor arguments in, DTensors out.
+        The mapped function: DTensor or full-tensor arguments in, DTensors out. A DTensor argument
+        must be sharded as its spec says (else ``fm.reshard`` it first); a plain tensor is the full
+        value, sliced to this rank's block without communication (its gradient is gathered back).
+
+    Raises:
+        TypeError: ``f`` is not callable, ``check_vma`` is not a bool, a spec leaf is not a
+            ``PartitionSpec``, or ``mesh`` is not a ``RealizedMesh``.
+        MeshError: when called: no mesh (``mesh=None`` outside ``with rm:``), a rank outside the
+            mesh, a nested region, specs that are no pytree prefix of the values, a sharded dim
+            that does not divide evenly, a DTensor sharded otherwise than its spec.
+        VmaError: when called with ``check_vma=True``: a result varies over an axis its out_spec
+            does not name (one error lists every such result, with its fix), or an op the region
+            cannot type.
+
+    Examples:
+        Rank 5 of 8 on torch's fake backend, whose collectives carry no data: the local blocks
+        show what this rank computes.
+
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from functional_mesh import P
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> double = fm.shard_map(lambda x: x * 2, in_specs=P("tp"), out_specs=P("tp"), mesh=rm)
+        >>> y = double(torch.arange(8.0))  # a full tensor in: this rank's block is [2., 3.]
+        >>> y.shape, y.to_local(), fm.sharding_of(y)
+        (torch.Size([8]), tensor([4., 6.]), NamedSharding(Mesh(dp=2, tp=4), P('tp')))
+        >>> @fm.shard_map(in_specs=P("tp"), out_specs=P(), mesh=rm)
+        ... def local_sum(x):
+        ...     return x.sum()  # varies over tp, but out_specs says it is the same on every member
+        >>> local_sum(torch.arange(8.0))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        functional_mesh.VmaError: ...
+        >>> total = fm.shard_map(lambda x: fm.psum(x.sum(), "tp"), in_specs=P("tp"), out_specs=P(), mesh=rm)
+        >>> total(torch.arange(8.0)).shape
+        torch.Size([])
+        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     if f is None:
         return functools.partial(shard_map, in_specs=in_specs, out_specs=out_specs, mesh=mesh, check_vma=check_vma)
