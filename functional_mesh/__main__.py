@@ -29,11 +29,15 @@ examples:
   functional-mesh show "dp=2,cp=2,tp=2" --flatten dp,cp:dp_cp
   functional-mesh show "world=8" --unflatten world:dp=2,tp=4 --transpose tp,dp
   functional-mesh show "dp=2,tp=4" --devices 8-15 --rename dp=data
+  functional-mesh show "pp=4,tp=2" --take pp=0,3                    # the first and last stage
+  functional-mesh show "dp=2,cp=2,tp=2" --take dp=1 --take tp=::-1
   functional-mesh show "dp=2,cp=2,tp=2" --spec "('dp','cp'),None" --shape 8,6
   functional-mesh show "tp=2,cp=2,dp=2,pp=2" --order tp-cp-dp-pp     # Megatron order string
 
-Transformations (--select, --flatten, --unflatten, --transpose, --rename) apply in the order
-given. Hosts hold --ranks-per-host consecutive ranks (torchrun's numbering).
+Transformations (--select, --flatten, --unflatten, --transpose, --rename, --take) apply in the
+order given. --take AXIS=INDEX is mesh.take: an int (negative counts from the end) drops the axis,
+keeping that position; START:STOP[:STEP] or comma-separated ints ("0,3", or "2," for one) keep it.
+Hosts hold --ranks-per-host consecutive ranks (torchrun's numbering).
 """
 
 
@@ -63,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("unflatten", "AXIS:a=2,b=4", "split an axis into new axes"),
         ("transpose", "A,B,...", "reorder all axes"),
         ("rename", "OLD=NEW,...", "rename axes (simultaneously)"),
+        ("take", "AXIS=INDEX", "keep positions along an axis: 1 (drops it), 1:3, ::-1 or 0,3 (mesh.take)"),
     ]:
         show.add_argument(f"--{name}", dest=name, metavar=meta, action=_Transform, help=text)
     show.add_argument("--axis", help="mark the groups of this axis with letters in the grid")
@@ -120,6 +125,20 @@ def _devices(text: str) -> list[int]:
     return out
 
 
+def _index(text: str, value: str) -> int | slice | list[int]:
+    """``--take``'s INDEX: ``3`` or ``-1`` (an int), ``1:3`` or ``::-1`` (a slice), ``0,3`` or ``2,`` (a list)."""
+    integer = r"\s*-?\d+\s*"
+    if re.fullmatch(integer, text):
+        return int(text)
+    if re.fullmatch(rf"(?:{integer})?:(?:{integer})?(?::(?:{integer})?)?", text):
+        return slice(*(int(p) if p.strip() else None for p in text.split(":")))
+    items = text.split(",")
+    if "," in text and all(re.fullmatch(integer, p) for p in (items[:-1] if not items[-1].strip() else items)):
+        return [int(p) for p in items if p.strip()]
+    raise MeshError(f'--take requires an int, START:STOP[:STEP] or comma-separated ints after AXIS=, '
+                    f'but got {text!r} in {value!r}')
+
+
 def _spec(text: str) -> P:
     source = text if ("'" in text or '"' in text) else re.sub(r"\b(?!None\b)([A-Za-z_]\w*)\b", r"'\1'", text)
     try:
@@ -150,6 +169,11 @@ def _apply(mesh: Mesh, op: str, value: str) -> Mesh:
         return mesh.unflatten(axis.strip(), _sizes(sizes, "--unflatten"))
     if op == "transpose":
         return mesh.transpose(*_names(value, "--transpose"))
+    if op == "take":
+        axis, sep, index = value.partition("=")
+        if not sep or not axis.strip():
+            raise MeshError(f'--take requires AXIS=INDEX like "pp=0,3", "dp=1" or "tp=1:3", but got {value!r}')
+        return mesh.take(**{axis.strip(): _index(index.strip(), value)})
     renames = {}
     for item in value.split(","):
         old, sep, new = item.partition("=")

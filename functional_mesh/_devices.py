@@ -29,6 +29,7 @@ import sys
 import attrs
 import numpy as np
 
+from . import _layout as L
 from ._errors import MeshError, requires
 from ._validate import MAX_RANK, Frozen, as_int, as_int_array
 
@@ -160,6 +161,17 @@ class DeviceList(Frozen):
         """Whether ``other``, a list of the same kind and hash, holds the same ranks."""
         raise NotImplementedError
 
+    def sublist(self, positions: np.ndarray) -> DeviceList:
+        """The ranks at ``positions`` (distinct, in order) as a device list: a range when they form one."""
+        return DeviceList.from_values("DeviceList.sublist", self.take(np.asarray(positions).reshape(-1)))
+
+    def sublist_of_layout(self, offset: int, modes: L.Modes) -> DeviceList:
+        """The ranks at positions ``offset + layout(i)`` for the (signed) ``modes``, ``i`` row-major.
+
+        A range whose positions form a progression stays symbolic, in O(number of modes).
+        """
+        return self.sublist(offset + L.indices(L.Layout._from_modes(modes)))
+
 
 @attrs.frozen(weakref_slot=False, eq=False, repr=False)  # DeviceList's equality, hash and text
 class DeviceRange(DeviceList):
@@ -258,6 +270,13 @@ class DeviceRange(DeviceList):
 
     def _same(self, other: DeviceRange) -> bool:
         return self._n == other._n and self._start == other._start and self._step == other._step
+
+    def sublist_of_layout(self, offset: int, modes: L.Modes) -> DeviceList:
+        walk = L.canonical_modes(modes)
+        if len(walk) > 1:  # no progression: the ranks themselves
+            return super().sublist_of_layout(offset, modes)
+        n, stride = walk[0] if walk else (1, 1)
+        return DeviceRange._make(n, self._start + self._step * offset, self._step * stride)
 
     def __reduce__(self):
         return (_rebuild_range, (self._n, self._start, self._step))

@@ -55,10 +55,11 @@ __all__ = [
 Modes = tuple[tuple[int, int], ...]  # ((shape, stride), ...), outermost first
 
 
-def _canonical(modes: Iterable[tuple[int, int]]) -> Modes:
+def canonical_modes(modes: Iterable[tuple[int, int]]) -> Modes:
     """Coalesce ``modes``: drop size-1 modes, merge an outer mode into the inner one it continues.
 
-    Preserves the function ``i -> index`` exactly (law: ``indices`` is unchanged).
+    Preserves the function ``i -> index`` exactly (law: ``indices`` is unchanged), for strides of
+    any sign (a device list walks its ranks backwards with a negative one).
     """
     out: list[tuple[int, int]] = []  # built innermost first
     for shape, stride in reversed(tuple(modes)):
@@ -117,7 +118,7 @@ class Layout(Frozen):
                 )
             if any(d < 0 for d in stride_t):
                 raise MeshError(f"`Layout` requires non-negative strides, but got stride={stride_t!r}")
-        self._set(_canonical(zip(shape_t, stride_t, strict=True)))
+        self._set(canonical_modes(zip(shape_t, stride_t, strict=True)))
 
     def _set(self, modes: Modes) -> None:
         object.__setattr__(self, "modes", modes)
@@ -137,7 +138,7 @@ class Layout(Frozen):
     def _from_modes(cls, modes: Iterable[tuple[int, int]]) -> Layout:
         """Internal constructor for modes already known to be valid ints."""
         self = object.__new__(cls)
-        self._set(_canonical(modes))
+        self._set(canonical_modes(modes))
         return self
 
     def __eq__(self, other: object) -> bool:
@@ -200,6 +201,12 @@ def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
         strides.append(step)
         step *= s
     return tuple(reversed(strides))
+
+
+def row_major_axes(sizes: Sequence[int]) -> tuple[Layout, ...]:
+    """One single-mode layout per axis of a compact row-major grid over ``sizes`` (a mesh's axes)."""
+    # equal lengths by construction: the strides are computed from the sizes
+    return tuple(Layout._from_modes(((s, d),)) for s, d in zip(sizes, row_major_strides(sizes)))
 
 
 def row_major(shape: Sequence[int]) -> Layout:

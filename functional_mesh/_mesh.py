@@ -177,7 +177,7 @@ class Mesh(Shape, Selections, Reshapes, Groups):
         if 0 in array.shape:
             raise MeshError(requires("Mesh.from_ranks", "a non-empty rank array", "ranks shape", array.shape))
         devices = DeviceList.from_values("Mesh.from_ranks", array.reshape(-1))
-        return cls(names, _row_major_axes(array.shape), devices)
+        return cls(names, L.row_major_axes(array.shape), devices)
 
     def __repr__(self) -> str:
         axes = ", ".join(f"{n}={s}" for n, s in zip(self._axis_names, self.axis_sizes, strict=True)) or "()"
@@ -207,12 +207,6 @@ def axis_layouts(mesh: Mesh) -> tuple[L.Layout, ...]:
 def family_modes(mesh: Mesh) -> L.Modes:
     """The modes that enumerate ``mesh``'s groups (the complement of its axes), outermost first."""
     return mesh._complement
-
-
-def _row_major_axes(sizes: Sequence[int]) -> tuple[L.Layout, ...]:
-    """One layout per axis of a compact row-major grid over ``sizes``."""
-    # equal lengths by construction: the strides are computed from the sizes
-    return tuple(L.Layout._from_modes(((s, d),)) for s, d in zip(sizes, L.row_major_strides(sizes)))
 
 
 def make_mesh(axis_sizes: Sequence[int], axis_names: str | Sequence[str], *, devices: object = None) -> Mesh:
@@ -264,4 +258,4 @@ def make_mesh(axis_sizes: Sequence[int], axis_names: str | Sequence[str], *, dev
             raise MeshError(
                 requires(api, f"one device per mesh position ({n_dev} for axis_sizes={sizes})",
                          "len(devices)", len(device_list)))
-    return Mesh(names, _row_major_axes(sizes), device_list)
+    return Mesh(names, L.row_major_axes(sizes), device_list)

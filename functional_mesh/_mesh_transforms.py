@@ -18,8 +18,11 @@ Examples:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
+
+import numpy as np
 
 from . import _layout as L
 from ._errors import MeshError, requires
@@ -29,15 +32,18 @@ __all__ = ["Reshapes", "Selections", "select"]
 
 
 class Selections:
-    """Which axes, in which order, at which positions: ``mesh[...]`` and ``transpose``.
+    """Which axes, in which order, at which positions: ``mesh[...]``, ``transpose`` and ``take``.
 
     A part of :class:`~functional_mesh.Mesh` (it holds no fields of its own): it reads the axis
-    names and layouts, and builds results through ``Mesh._derive``.
+    names and layouts (and, for ``take``, the device list and the family), and builds results
+    through ``Mesh._derive``.
     """
 
     __slots__ = ()
     _axis_names: tuple[str, ...]  # set by Mesh
     _layouts: tuple[L.Layout, ...]  # set by Mesh
+    _devices: Any  # set by Mesh: the DeviceList
+    _complement: L.Modes  # set by Mesh: the modes of the group offsets
     _derive: Any  # Mesh._derive(api, names, layouts, same_cover) -> Mesh
 
     def _positions(self, api: str, names: object, what: str = "axes") -> tuple[int, ...]:
@@ -104,6 +110,49 @@ class Selections:
                 mesh=self)
         pos = tuple(self._axis_names.index(n) for n in names)
         return self._derive("Mesh.transpose", names, tuple(self._layouts[i] for i in pos), True)
+
+
+    def take(self, /, **positions: int | slice | Sequence[int]) -> Any:
+        """Keep some positions along axes, as numpy indexing of the mesh's grid of ranks does.
+
+        An int (negative counts from the end) keeps one position and removes its axis; a slice or
+        a sequence of distinct ints keeps the axis, with those positions in that order. Axes not
+        named stay whole; over a family every group is indexed alike. The result lives on a device
+        list of the ranks it keeps: a range, in O(ndim), when they form one; otherwise the ranks.
+
+        Args:
+            **positions: ``axis=index`` per axis to index: an int, a slice, or ints.
+
+        Returns:
+            The mesh whose groups are ``mesh.groups()`` indexed along those axes (coordinates
+            counted anew from 0).
+
+        Raises:
+            UnknownAxisError: a name that is not an axis.
+            MeshError: no axis, a position outside its axis, a position given twice, or an empty
+                selection.
+            TypeError: an index that is not an int, a slice or a sequence of ints.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> mesh = fm.make_mesh((4, 2), ("pp", "tp"))
+            >>> mesh.take(pp=[0, -1]).ranks.tolist()           # the first and last stage
+            [[0, 1], [6, 7]]
+            >>> mesh.take(pp=2), mesh.take(pp=slice(1, 3))["tp"].groups().tolist()
+            (Mesh(tp=2; devices 4..5), [[2, 3], [4, 5]])
+        """
+        api = "Mesh.take"
+        if not positions:
+            raise MeshError(requires(api, "at least one axis=index", "positions", positions, self._axis_names),
+                            mesh=self)
+        chosen = {}
+        for name, index in positions.items():
+            i = as_axis_index(api, self._axis_names, name, self)
+            chosen[i] = _along(api, name, index, self._layouts[i].size)
+        kept = [i for i in range(len(self._layouts)) if not isinstance(chosen.get(i), int)]
+        sizes = tuple(len(chosen[i]) if i in chosen else self._layouts[i].size for i in kept)
+        devices = _taken(self._devices, self._complement, self._layouts, chosen)
+        return type(self)(tuple(self._axis_names[i] for i in kept), L.row_major_axes(sizes), devices)
 
 
 class Reshapes:
@@ -267,6 +316,73 @@ def select(mesh: Any, names: object, api: str) -> Any:
     pos = mesh._positions(api, names)
     return mesh._derive(api, tuple(mesh._axis_names[i] for i in pos), tuple(mesh._layouts[i] for i in pos),
                         len(pos) == len(mesh._axis_names))
+
+
+def _along(api: str, name: str, index: object, size: int) -> int | range | tuple[int, ...]:
+    """One axis's positions for ``take``: an int (the axis goes), or a range or tuple of distinct ones (it stays)."""
+    valid = f"{-size}..{size - 1}"
+    if isinstance(index, slice):
+        try:
+            kept: range | tuple[int, ...] = range(size)[index]
+        except (TypeError, ValueError):  # bounds that are not ints; a step of 0
+            raise TypeError(requires(api, "a slice of int positions with a non-zero step", name, index)) from None
+    elif isinstance(index, (str, bytes, Mapping, AbstractSet)):
+        raise TypeError(requires(api, "an int, a slice or a sequence of int positions", name, index))
+    elif not isinstance(index, Iterable) or getattr(index, "ndim", 1) == 0:  # an int, a numpy int
+        k = as_int(api, name, index)
+        if not -size <= k < size:
+            raise MeshError(requires(api, f"a position of axis {name!r} (size {size})", name, k, valid))
+        return k % size
+    else:
+        given = tuple(as_int(api, "position", k) for k in index)
+        if any(not -size <= k < size for k in given):
+            raise MeshError(requires(api, f"positions of axis {name!r} (size {size})", name, index, valid))
+        kept = tuple(k % size for k in given)
+        if len(set(kept)) != len(kept):
+            twice = next(k for j, k in enumerate(kept) if k in kept[:j])
+            raise MeshError(requires(api, f"distinct positions of axis {name!r}", name, index, valid)
+                            + f"; position {twice} appears twice")
+    if not kept:
+        raise MeshError(requires(api, f"a non-empty selection of axis {name!r} (size {size})", name, index, valid))
+    return kept
+
+
+def _taken(devices: Any, family: L.Modes, layouts: tuple[L.Layout, ...], chosen: dict[int, Any]) -> Any:
+    """The device list of a ``take``: the positions it keeps, group by group in torch's order, each row-major.
+
+    When the positions form a layout, a range of devices stays a range in O(ndim); otherwise the
+    positions are enumerated (O(ranks kept)).
+    """
+    walk = _walk(family, layouts, chosen)
+    if walk is not None:
+        return devices.sublist_of_layout(*walk)
+    positions = L.indices(L.Layout._from_modes(family))
+    for i, lay in enumerate(layouts):
+        picked = chosen.get(i, range(lay.size))
+        values = L.modes_value(lay.modes, np.asarray(picked, dtype=np.int64))
+        positions = positions + values if isinstance(picked, int) else np.add.outer(positions, values)
+    return devices.sublist(positions)
+
+
+def _walk(family: L.Modes, layouts: tuple[L.Layout, ...], chosen: dict[int, Any]) -> tuple[int, L.Modes] | None:
+    """The kept positions as ``offset + layout(i)`` (signed modes), or ``None`` when no layout expresses them.
+
+    An axis fits when it stays whole, keeps one position, or walks its one mode in equal steps.
+    """
+    offset, walks = 0, list(family)
+    for i, lay in enumerate(layouts):
+        picked = chosen.get(i, range(lay.size))
+        if isinstance(picked, int) or len(picked) == 1:
+            offset += L.modes_value(lay.modes, picked if isinstance(picked, int) else picked[0])
+        elif picked == range(lay.size):
+            walks.extend(lay.modes)
+        elif len(lay.modes) == 1 and (isinstance(picked, range)  # a slice: equal steps, known without a loop
+                                      or len({b - a for a, b in zip(picked, picked[1:])}) == 1):
+            offset += L.modes_value(lay.modes, picked[0])
+            walks.append((len(picked), (picked[1] - picked[0]) * lay.modes[0][1]))
+        else:
+            return None
+    return offset, tuple(walks)
 
 
 def _size_items(api: str, sizes: object) -> tuple[tuple[str, int], ...]:

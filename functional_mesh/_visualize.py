@@ -157,7 +157,8 @@ def visualize(mesh: Mesh, axis: str | None = None, *, color: bool = False, max_s
         if label:
             lines.append(", ".join(label))
         lines += _page(mesh, g, coords, family, color, limit)
-    lines.append("groups of each axis:" if names else "no axes: one device, no groups")
+    lines.append("groups of each axis:" if names else "no axes: one device per group" if mesh.num_groups > 1
+                 else "no axes: one device, no groups")
     width = max(len(n) for n in names) if names else 0
     for n, s in zip(names, sizes, strict=True):
         family = mesh[n]

@@ -74,7 +74,7 @@ def meshes(draw, max_size: int = 64, max_axes: int = 4, explicit_devices: bool =
 
 @st.composite
 def derived_meshes(draw, max_size: int = 64, steps: int = 4) -> fm.Mesh:
-    """A mesh reached by a random chain of select / flatten / unflatten / transpose / rename."""
+    """A mesh reached by a random chain of select / flatten / unflatten / transpose / rename / take."""
     mesh = draw(meshes(max_size))
     for _ in range(draw(st.integers(0, steps))):
         mesh = draw(transformed(mesh))
@@ -89,11 +89,13 @@ def transformed(draw, mesh: fm.Mesh) -> fm.Mesh:
     """One random legal pure transformation of ``mesh``."""
     ops = ["transpose", "rename"] if mesh.ndim else []
     if mesh.ndim:
-        ops += ["select", "flatten", "unflatten"]
+        ops += ["select", "flatten", "unflatten", "take"]
     if not ops:
         return mesh
     op = draw(st.sampled_from(ops))
     names = list(mesh.axis_names)
+    if op == "take":
+        return mesh.take(**draw(take_indexes(mesh)))
     if op == "select":
         k = draw(st.integers(1, len(names)))
         return mesh[tuple(draw(st.permutations(names))[:k])]
@@ -122,6 +124,29 @@ def transformed(draw, mesh: fm.Mesh) -> fm.Mesh:
     if len(set(new)) != len(new) or set(new) & set(names):
         return mesh
     return mesh.unflatten(axis, dict(zip(new, sizes)))
+
+
+@st.composite
+def positions_along(draw, size: int) -> int | slice | list[int]:
+    """One axis's index for ``Mesh.take``: an int (negative too), a non-empty slice, or distinct ints in any order."""
+    kind = draw(st.sampled_from(["int", "slice", "list"]))
+    if kind == "int":
+        return draw(st.integers(-size, size - 1))
+    if kind == "list":
+        picked = draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=size, unique=True))
+        return [k - size if draw(st.booleans()) else k for k in picked]  # negative positions count from the end
+    while True:
+        step = draw(st.sampled_from([1, 1, 2, 3, -1, -2]))
+        index = slice(draw(st.none() | st.integers(-size, size)), draw(st.none() | st.integers(-size, size)), step)
+        if len(range(size)[index]):
+            return index
+
+
+@st.composite
+def take_indexes(draw, mesh: fm.Mesh) -> dict[str, int | slice | list[int]]:
+    """``{axis: index}`` for ``mesh.take``: a non-empty random subset of its axes, each indexed at random."""
+    axes = draw(st.lists(st.sampled_from(mesh.axis_names), min_size=1, unique=True))
+    return {a: draw(positions_along(mesh.axis_size(a))) for a in axes}
 
 
 def _two_way_splits(s: int) -> list[tuple[int, ...]]:

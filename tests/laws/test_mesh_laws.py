@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import functional_mesh as fm
-from tests.strategies import derived_meshes, meshes
+from tests.strategies import derived_meshes, meshes, take_indexes
 
 
 @given(derived_meshes())
@@ -134,3 +134,79 @@ def test_axes_size_is_the_size_of_the_selection_and_of_its_flattened_axis(mesh, 
         return
     assert axes_size(mesh, axes) == mesh[axes].size == mesh[axes].flatten(name="m").axis_size("m")
     assert axes_size(mesh, mesh.axis_names) == mesh.size
+
+
+# -- take: numpy indexing of the grid of ranks -----------------------------------------------------
+
+
+def numpy_take(mesh: fm.Mesh, index: dict) -> np.ndarray:
+    """``mesh.groups()`` indexed along the named axes by numpy (``np.take``: an int drops the axis)."""
+    table = mesh.groups()
+    for k in reversed(range(mesh.ndim)):  # from the last axis, so the earlier axes keep their place
+        name = mesh.axis_names[k]
+        if name in index:
+            picked = index[name]
+            if isinstance(picked, slice):
+                picked = np.arange(mesh.axis_size(name))[picked]
+            table = np.take(table, picked, axis=k + 1)
+    return table
+
+
+@given(derived_meshes(), st.data())
+def test_take_then_groups_equals_numpy_indexing(mesh, data):
+    if mesh.ndim == 0:
+        return
+    index = data.draw(take_indexes(mesh))
+    taken = mesh.take(**index)
+    expected = numpy_take(mesh, index)
+    assert taken.axis_names == tuple(n for n in mesh.axis_names if not isinstance(index.get(n), int))
+    assert np.array_equal(taken.groups(), expected)
+    assert taken.num_groups == mesh.num_groups
+    for g, group in enumerate(expected):  # every kept rank: its coordinate and group are numpy's
+        for coord in np.ndindex(group.shape):
+            rank = int(group[coord])
+            assert taken.coordinate(rank) == coord
+            assert np.array_equal(taken.group_of(rank), group)
+    assert sorted(taken.devices.tolist()) == sorted(expected.reshape(-1).tolist())
+
+
+@given(derived_meshes(), st.data())
+def test_a_taken_device_list_is_a_range_exactly_when_its_ranks_form_one(mesh, data):
+    if mesh.ndim == 0:
+        return
+    ranks = mesh.take(**data.draw(take_indexes(mesh))).device_list
+    steps = set(np.diff(ranks.to_array()).tolist())
+    assert ranks.is_symbolic == (len(steps) <= 1)
+
+
+@given(derived_meshes(), st.data())
+def test_take_commutes_with_selection(mesh, data):
+    if mesh.ndim == 0:
+        return
+    index = data.draw(take_indexes(mesh))
+    others = [n for n in mesh.axis_names if n not in index]
+    chosen = tuple(data.draw(st.permutations([*index, *others[:data.draw(st.integers(0, len(others)))]])))
+    kept = tuple(n for n in chosen if not isinstance(index.get(n), int))
+    first_take = mesh.take(**index)[kept] if kept else None
+    first_select = mesh[chosen].take(**index)
+    if first_take is None:  # every chosen axis dropped: each group of the selection keeps one rank
+        assert first_select.ndim == 0
+        return
+    assert first_take.axis_names == first_select.axis_names
+    # the same groups; the families may list them in another order (each over its own device list)
+    assert sorted(map(tuple, first_take.groups().reshape(first_take.num_groups, -1).tolist())) == sorted(
+        map(tuple, first_select.groups().reshape(first_select.num_groups, -1).tolist()))
+
+
+@given(derived_meshes(), st.data())
+def test_take_commutes_with_transpose(mesh, data):
+    if mesh.ndim == 0:
+        return
+    index = data.draw(take_indexes(mesh))
+    perm = tuple(data.draw(st.permutations(mesh.axis_names)))
+    kept = tuple(n for n in perm if not isinstance(index.get(n), int))
+    a = mesh.take(**index).transpose(*kept)
+    b = mesh.transpose(*perm).take(**index)
+    assert a.axis_names == b.axis_names and np.array_equal(a.groups(), b.groups())
+    for rank in b.devices.tolist():
+        assert a.coordinate(rank) == b.coordinate(rank)

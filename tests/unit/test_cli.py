@@ -32,13 +32,34 @@ def test_show_prints_the_same_picture_as_visualize(capsys):
     (["--flatten", "cp,dp"], lambda m: m.flatten(("cp", "dp"))),
     (["--transpose", "tp,dp,cp"], lambda m: m.transpose("tp", "dp", "cp")),
     (["--rename", "dp=data,tp=dp"], lambda m: m.rename({"dp": "data", "tp": "dp"})),
+    (["--take", "dp=1"], lambda m: m.take(dp=1)),
+    (["--take", "dp=-2"], lambda m: m.take(dp=0)),
+    (["--take", "cp=1,0"], lambda m: m.take(cp=[1, 0])),
+    (["--take", "cp=1,"], lambda m: m.take(cp=[1])),
+    (["--take", "tp=::-1"], lambda m: m.take(tp=slice(None, None, -1))),
+    (["--take", "tp=1:"], lambda m: m.take(tp=slice(1, None))),
     # transformations apply in command-line order
     (["--flatten", "dp,cp:x", "--unflatten", "x:a=2,b=2", "--select", "b,tp"],
      lambda m: m.flatten(("dp", "cp"), name="x").unflatten("x", {"a": 2, "b": 2})["b", "tp"]),
+    (["--select", "tp", "--take", "tp=1", "--take", "dp=0"], None),  # tp taken: no axis dp to take
 ])
 def test_transformations_match_the_library(capsys, argv, expected):
     mesh = fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))
+    if expected is None:
+        with pytest.raises(SystemExit):
+            main(["show", "dp=2,cp=2,tp=2", *argv])
+        assert "`Mesh.take` requires an axis name of the mesh, but got axis='dp'" in capsys.readouterr().err
+        return
     assert run(capsys, "show", "dp=2,cp=2,tp=2", *argv) == fm.visualize(expected(mesh)) + "\n"
+
+
+def test_take_shows_the_kept_ranks(capsys):
+    assert run(capsys, "show", "pp=4,tp=2", "--take", "pp=0,3").splitlines()[:4] == [
+        "Mesh(pp=2, tp=2; devices [0, 1, 6, 7]): 4 devices",
+        "      tp=0  tp=1",
+        "pp=0  0     1",
+        "pp=1  6     7",
+    ]
 
 
 def test_devices_ranges_and_lists(capsys):
@@ -95,6 +116,11 @@ def test_auto_color_means_a_terminal_without_no_color(choice, isatty, env, expec
     (["show", "dp=4", "--unflatten", "dp"], r"AXIS:a=2,b=4, but got 'dp'"),
     (["show", "dp=2,tp=2", "--transpose", "tp"], r"tp"),
     (["show", "dp=2", "--rename", "dp"], r"OLD=NEW"),
+    (["show", "dp=2", "--take", "dp"], r"--take requires AXIS=INDEX like .*, but got 'dp'"),
+    (["show", "dp=2", "--take", "dp=x"], r"comma-separated ints after AXIS=, but got 'x' in 'dp=x'"),
+    (["show", "dp=2", "--take", "dp=0,,1"], r"but got '0,,1'"),
+    (["show", "dp=2", "--take", "dp=2"], r"`Mesh.take` requires a position of axis 'dp' \(size 2\), but got dp=2"),
+    (["show", "dp=2", "--take", "dp=1:1"], r"non-empty selection of axis 'dp'"),
     (["show", "dp=2", "--flatten", ","], r"','"),
     (["show", "dp=2", "--ranks-per-host", "0"], r"'0'"),
     (["show", "dp=2", "--axis", "tp"], r"axis='tp'"),

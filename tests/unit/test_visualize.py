@@ -213,3 +213,14 @@ def test_golden_pictures(name):
     if os.environ.get("FM_UPDATE_GOLDEN") == "1":
         path.write_text(text)
     assert path.read_text() == text
+
+
+def test_a_taken_family_of_single_devices():
+    # every group of mesh["tp"] keeps its second member: four groups of one device each
+    mesh = fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))["tp"].take(tp=1)
+    assert fm.visualize(mesh).splitlines() == [
+        "Mesh((); 4 groups over devices 1..7 step 2): 4 devices",
+        "group 0", "  1", "group 1", "  3", "group 2", "  5", "group 3", "  7",
+        "no axes: one device per group",
+    ]
+    assert fm.visualize(fm.make_mesh((2,), ("dp",)).take(dp=1)).splitlines()[-1] == "no axes: one device, no groups"
