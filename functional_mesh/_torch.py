@@ -220,7 +220,39 @@ def one_rank_group(name: str, desc: str) -> Any:
     """
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
 
-    return _helper_group([dist.get_rank()], "fake", name, dist.constants.default_pg_timeout, desc, None)
+    timeout = dist.constants.default_pg_timeout
+    pg = _helper_group([dist.get_rank()], "fake", name, timeout, desc, None)
+    if str(dist.get_backend()) == "fake" or _exact_for_one_rank(pg):
+        return pg
+    # torch 2.11 and 2.12 (feature-detected): the fake backend's reduce-scatter, all-to-all and
+    # scatter leave their output as it was, which FSDP2 over a size-1 dim turns into garbage. There
+    # the lent group is a real one-rank group: gloo for CPU tensors and, where CUDA is available,
+    # NCCL for CUDA ones (its communicator is made by the first CUDA collective over it, if any).
+    _forget(pg)
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+    return _helper_group([dist.get_rank()], backend, f"{name}_exact", timeout, desc, None)
+
+
+def _exact_for_one_rank(pg: Any) -> bool:
+    """Whether ``pg`` (one rank) gives exact reduce-scatter and all-to-all results (two 2-element CPU ops)."""
+    x = torch.tensor([1.0, 2.0])
+    out = torch.zeros(2)
+    pg._reduce_scatter_base(out, x).wait()
+    exact = torch.equal(out, x)
+    out = torch.zeros(2)
+    pg.alltoall_base(out, x, [], []).wait()
+    return exact and torch.equal(out, x)
+
+
+def _forget(pg: Any) -> None:
+    """Drop a group this module made (and never handed out) from c10d's registries."""
+    cleanup = getattr(dist.distributed_c10d, "_cleanup_process_group_global_state", None)
+    if cleanup is not None:
+        cleanup(pg)
+    else:  # pragma: no cover - torch without the helper: drop what the constructor registered
+        world = dist.distributed_c10d._world
+        for registry in (world.pg_map, world.pg_names, world.pg_group_ranks, world.pg_backend_config):
+            registry.pop(pg, None)
 
 
 # torch >= 2.12: ``new_group(sort_ranks=False)`` keeps the caller's order (group rank = position in
