@@ -42,7 +42,6 @@ same sequence of collectives (SPMD). Off, the cost is one environment lookup per
 
 from __future__ import annotations
 
-import contextvars
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -55,15 +54,15 @@ from torch.overrides import handle_torch_function, has_torch_function
 
 from . import _steps as S
 from . import _torch, _vma
-from ._cache import CACHE
+from ._context import ContextStack
 from ._errors import MeshError, requires
-from ._handle import Hop, RealizedMesh, hop_of, index_along, resolve_mesh
+from ._handle import Hop, RealizedMesh, check_alive, hop_of, index_along, recall, remember, resolve_mesh
 from ._mesh import axes_size, axis_position
 from ._validate import as_bool, as_dim, as_int, as_name_tuple, check_unique
 
 __all__ = ["CHECK_COLLECTIVES_ENV", "COLLECTIVES", "RAW", "Axes", "Call", "Collective", "all_gather", "all_to_all",
-           "axis_index", "axis_size", "bind", "current_region", "local_block", "open_region", "pcast", "pmean",
-           "ppermute", "psum", "psum_scatter", "pvary", "ragged_all_to_all", "resolve_axes"]
+           "axis_index", "axis_size", "bind", "current_region", "open_region", "pcast", "pmean",
+           "ppermute", "psum", "psum_scatter", "pvary", "ragged_all_to_all", "resolve_axes", "run_step"]
 
 CHECK_COLLECTIVES_ENV = S.CHECK_COLLECTIVES_ENV
 
@@ -74,38 +73,30 @@ CHECK_COLLECTIVES_ENV = S.CHECK_COLLECTIVES_ENV
 # A typed region also sees every torch op (its TorchFunctionMode); an untyped one installs no mode
 # at all, so its ops cost what plain torch costs, and only the collectives ask for it here.
 
-_REGION: contextvars.ContextVar[Any] = contextvars.ContextVar("functional_mesh_region", default=None)
-# The open region for torch.compile, which cannot trace ContextVar.get but reads a module list.
-_COMPILED: list[Any] = []
+# Per thread/task eagerly; a region opened while torch.compile traces is what the compiled code
+# sees (and the eager code between its graphs); one opened eagerly is no part of compiled code.
+_REGIONS: ContextStack[Any] = ContextStack("functional_mesh_region", shared=False)
 
 
 def current_region() -> Any:
     """The open ``shard_map`` region of this thread/task (under torch.compile: of the trace), or ``None``."""
-    if torch.compiler.is_compiling():
-        return _COMPILED[-1] if _COMPILED else None
-    return _REGION.get() or (_COMPILED[-1] if _COMPILED else None)  # eager code between a compiled region's graphs
+    return _REGIONS.top()
 
 
 class open_region:  # noqa: N801 - used as a context manager, like a function
     """Make ``region`` the open region while the mapped function runs."""
 
-    __slots__ = ("region", "token")
+    __slots__ = ("region", "traced")
 
     def __init__(self, region: Any) -> None:
-        self.region, self.token = region, None
+        self.region, self.traced = region, False
 
     def __enter__(self) -> Any:
-        if torch.compiler.is_compiling():
-            _COMPILED.append(self.region)
-        else:
-            self.token = _REGION.set(self.region)
+        self.traced = _REGIONS.push(self.region)
         return self.region
 
     def __exit__(self, *exc: object) -> None:
-        if self.token is None:
-            _COMPILED.pop()
-        else:
-            _REGION.reset(self.token)
+        _REGIONS.pop(self.region, self.traced)
 
 
 # -- resolving axes: validated once per handle ------------------------------------------------------
@@ -128,14 +119,10 @@ class Axes(NamedTuple):
 
 def resolve_axes(api: str, rm: RealizedMesh, axis: object) -> Axes:
     """``axis`` on ``rm``: checked and planned on first use, then kept on the handle (one dict lookup)."""
-    memo = rm._memo
-    try:
-        found = memo.get(axis)
-    except TypeError:  # a list of names: valid, but not a key
-        found = None
-    if found is not None and rm._epoch == CACHE.epoch:
+    found = recall(rm, axis)  # a list of names is valid, but never kept
+    if found is not None:
         return found
-    rm._check_alive(api)
+    check_alive(rm, api)
     names = as_name_tuple(api, axis, "axis")
     if not names:
         raise MeshError(requires(api, "at least one axis", "axis", names, rm.mesh.axis_names), mesh=rm.mesh)
@@ -151,9 +138,7 @@ def resolve_axes(api: str, rm: RealizedMesh, axis: object) -> Axes:
         except MeshError:  # an axis without a group: raised again, by the collective that needs it
             hops = None
     axes = Axes(names, size, hops, index)
-    if isinstance(axis, (str, tuple)):
-        memo[axis] = axes
-    return axes
+    return remember(rm, axis, axes) if isinstance(axis, (str, tuple)) else axes
 
 
 def _plan_hops(rm: RealizedMesh, names: tuple[str, ...], api: str) -> tuple[Hop, ...]:
@@ -260,8 +245,7 @@ def _dispatch(rec: Collective, public: Callable[..., Any], x: Any, axis: object,
     elif _mode_active():
         return handle_torch_function(public, (), axis, mesh=mesh, **params)
     traced = torch.compiler.is_compiling()
-    region = (_COMPILED[-1] if _COMPILED else None) if traced else (_REGION.get() or (_COMPILED[-1] if _COMPILED
-                                                                                      else None))
+    region = _REGIONS.top(traced)
     if region is not None:
         return region.collective(rec, x, axis, mesh, params)
     return rec.run(bind(rec, x, axis, resolve_mesh(rec.name, mesh), params, traced))
@@ -697,20 +681,13 @@ AXIS_SIZE = _register(axis_size, Collective("axis_size", False, _axis_size, None
 COLLECTIVES_BY_NAME = {rec.name: rec for rec in COLLECTIVES.values()}
 
 
-# -- the boundary's local block, and raw torch.distributed calls ------------------------------------
+# -- a step for the region boundary, and raw torch.distributed calls --------------------------------
 
 
-def local_block(x: torch.Tensor, axis: str | Sequence[str], dim: int, *, mesh: RealizedMesh) -> torch.Tensor:
-    """This rank's block of ``x`` along ``dim`` over ``axis`` (a tuple: first axis major), without
-    communication; backward gathers the cotangent (the transpose of ``all_gather(to="invariant")``).
-
-    shard_map's boundary: a full tensor enters a region as its local block (``dim``: a valid,
-    non-negative dim; the boundary's plan checked it).
-    """
-    call = Call("shard_map", mesh, x, resolve_axes("shard_map", mesh, axis), {}, torch.compiler.is_compiling())
-    for hop in call.hops():  # outermost first; backward gathers innermost first
-        x = _apply(call, None, x, S.Slice(call.group(hop), hop.size, dim, hop.index), hop)
-    return x
+def run_step(call: Call, x: torch.Tensor, step: Any, hop: Hop) -> torch.Tensor:
+    """One step of ``call`` over ``hop``, with its transpose, as the collectives run theirs (no debug
+    check): for the region boundary's own steps (``_shard_map``: a full argument's local block)."""
+    return _apply(call, None, x, step, hop)
 
 
 # torch.distributed's own collectives write into tensors a typed region cannot see the types of:
