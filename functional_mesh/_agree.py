@@ -143,7 +143,3 @@ def _compare(label: str, values: dict[int, str]) -> str:
     parts = "; ".join(f"ranks {ranks} asked for {v.split(' ', 1)[1]}" for v, ranks in
                       sorted(by_request.items(), key=lambda kv: (-len(kv[1]), kv[1])))
     return f"{label} differs across ranks: {parts}"
-
-
-# The names _steps still imports (until it switches to the public ones).
-_agree, _next_call = agree, next_call

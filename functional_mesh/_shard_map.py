@@ -40,6 +40,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import _collectives as C
+from . import _steps as S
 from . import _torch, _vma
 from ._errors import MeshError, UnknownAxisError, requires
 from ._handle import RealizedMesh, recall, remember, resolve_mesh, selected_from
@@ -644,10 +645,20 @@ def _enter(region: _Region, path: Any, value: torch.Tensor, plan: _Plan) -> torc
     else:  # no communication; backward gathers the full gradient
         local = value
         for dim, axes in plan.gathers:
-            local = C.local_block(local, axes, dim, mesh=rm)
+            local = _local_block(rm, local, axes, dim)
     # untyped: psum the cotangent over the unnamed axes (JAX's convention; typed, the rules make it
     # invariant there already)
     return _pvary(rm, local, plan.unnamed) if plan.unnamed else local
+
+
+def _local_block(rm: RealizedMesh, x: torch.Tensor, axes: tuple[str, ...], dim: int) -> torch.Tensor:
+    """This rank's block of ``x`` along ``dim`` over ``axes`` (first axis major), without
+    communication; backward gathers the cotangent (the transpose of ``all_gather(to="invariant")``).
+    ``dim`` is a valid, non-negative dim: the boundary's plan checked it."""
+    call = C.Call("shard_map", rm, x, C.resolve_axes("shard_map", rm, axes), {}, torch.compiler.is_compiling())
+    for hop in call.hops():  # outermost first; backward gathers innermost first
+        x = C.run_step(call, x, S.Slice(call.group(hop), hop.size, dim, hop.index), hop)
+    return x
 
 
 def _describe(value: DTensor) -> str:

@@ -40,7 +40,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import _torch
-from ._agree import _agree, _next_call
+from ._agree import agree, next_call
 from ._errors import MeshError, requires
 from ._realize_plan import check_timeout_seconds
 
@@ -81,13 +81,13 @@ class Check:
             rule = "every member of the group to make the same collective call"
         if len(participants) < 2:  # nobody to disagree with
             return
-        n = _next_call(space)
+        n = next_call(space)
         over = "" if axes == self.names else f", step over {axes!r}"
         step = f"backward of {self.api}" if backward else self.api
         request = (f"{step}(axis={self.names!r}{self.params}{over}) on {rm.mesh!r} with "
                    f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}")
-        _agree(self.api, f"{rule} ({CHECK_COLLECTIVES_ENV}={self.setting})", f"collective call #{n} of {where}",
-               f"functional_mesh/collective/{space}/{n}", participants, rm.rank, request, self.wait_s)
+        agree(self.api, f"{rule} ({CHECK_COLLECTIVES_ENV}={self.setting})", f"collective call #{n} of {where}",
+              f"functional_mesh/collective/{space}/{n}", participants, rm.rank, request, self.wait_s)
 
 
 # The debug setting is read at every call, from os.environ's own mapping where it has one (CPython:

@@ -309,7 +309,7 @@ def abort_groups(groups: Sequence[Any]) -> None:
     private ``_group_start``/``_group_end``, found by feature detection), as torch's
     ``_abort_process_group()`` and torch 2.15's ``DeviceMesh.abort()`` do: aborting NCCL
     communicators one at a time can deadlock. Then each group leaves c10d's registries through
-    ``distributed_c10d._cleanup_process_group_global_state`` (private; torch 2.13 on), so its name
+    ``distributed_c10d._cleanup_process_group_global_state`` (private; torch 2.11 on), so its name
     no longer resolves; ``destroy_process_group`` is not used (it may wait on a dead peer).
     A group whose abort raises (a backend without abort, e.g. torch's fake backend) is still forgotten.
     """
@@ -325,14 +325,8 @@ def abort_groups(groups: Sequence[Any]) -> None:
     finally:
         if nccl is not None:
             nccl._group_end()
-    cleanup = getattr(dist.distributed_c10d, "_cleanup_process_group_global_state", None)
     for pg in groups:
-        if cleanup is not None:
-            cleanup(pg)
-        else:  # pragma: no cover - torch without the helper: drop what new_group registered
-            world = dist.distributed_c10d._world
-            for registry in (world.pg_map, world.pg_names, world.pg_group_ranks, world.pg_backend_config):
-                registry.pop(pg, None)
+        dist.distributed_c10d._cleanup_process_group_global_state(pg)
 
 
 def _coalescing_backend(groups: Sequence[Any]) -> Any:
@@ -493,9 +487,5 @@ def mesh_parts(dm: Any) -> tuple[tuple[str, ...], list[tuple[Any, Any]], list[in
     """``(dim names, per-dim (shape, stride), flat rank map)`` of a torch ``DeviceMesh``: all its groups."""
     if not isinstance(dm, DeviceMesh):
         raise TypeError(requires("from_device_mesh", "a torch DeviceMesh", "dm", dm))
-    layout = getattr(dm, "_layout", None)
-    rank_map = getattr(dm, "_rank_map", None)
-    if layout is None or rank_map is None:  # pragma: no cover - torch < 2.10
-        raise MeshError("`from_device_mesh` requires a torch DeviceMesh with CuTe layouts (torch >= 2.10)")
     names = dm.mesh_dim_names or tuple(f"dim{i}" for i in range(dm.ndim))
-    return tuple(names), [(axis.shape, axis.stride) for axis in layout], rank_map.reshape(-1).tolist()
+    return tuple(names), [(axis.shape, axis.stride) for axis in dm._layout], dm._rank_map.reshape(-1).tolist()
