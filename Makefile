@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 
 export OMP_NUM_THREADS := 1
 
-.PHONY: install test compat test-torchtitan test-multinode fuzz demo bench docs clean FORCE
+.PHONY: install test test-all compat test-torchtitan test-multinode fuzz demo bench docs clean FORCE
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,13 +25,20 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Two tiers (README "Test"; tests/conftest.py marks the slow tests). `make test`, the fast tier: unit
+# tables, laws, the oracle against torch, the fake backend, fuzz (CI profile), the doctests, and one real
+# gloo check per family (realize, collectives, shard_map, ragged). `make test-all`, what CI runs: every
+# test, the slow ones too (gloo worlds, examples, faults, compiles, the JAX oracle, two hosts).
 test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: $(STAMP)
 	$(PY) -m pytest -q
 
 # The compatibility pass for a second torch (.ci/run: `make compat TORCH=2.14.1`): every test file that
 # imports torch -- the oracle vs torch's DeviceMesh, the fake backend, real gloo workers, the JAX oracle,
-# two hosts, the examples, unit tables (shard_map's aten op table), fuzz, purity. Left out: the laws,
-# the import floors and the doctests, which check the pure layer and import no torch (~5 s of `make test`).
+# two hosts, the examples, unit tables (shard_map's aten op table), fuzz, purity; both tiers of them. Left
+# out: the laws, the import layers and the doctests, which check the pure layer and import no torch (~5 s).
 COMPAT_TESTS := tests/oracle tests/fake tests/dist tests/jax_oracle tests/multinode tests/unit tests/fuzz \
 	tests/test_purity.py tests/test_examples.py tests/test_examples_dist.py
 compat: $(STAMP)
@@ -78,7 +85,7 @@ test-torchtitan: $(TITAN_STAMP)
 	$(if $(FM_TITAN_CASES),FM_TITAN_CASES=$(FM_TITAN_CASES)) $(TITAN_PY) -m pytest -q $(TITAN_TESTS)
 
 # Two torchrun agents on this machine as two hosts of 4 ranks (c10d rendezvous on loopback):
-# realize, collectives and Mesh.host_span against the real hosts. Also part of `make test`.
+# realize, collectives and Mesh.host_span against the real hosts. Also part of `make test-all`.
 test-multinode: $(STAMP)
 	$(PY) -m pytest -q tests/multinode
 

@@ -1,11 +1,15 @@
-"""Shared test configuration: hypothesis profiles (docs/design.md, "Tests") and import hygiene."""
+"""Shared test configuration: the two tiers, hypothesis profiles (docs/design.md, "Tests"), the shared
+worker pools."""
 
 import os
 import sys
 
+import pytest
 from hypothesis import HealthCheck, settings
 
-# "ci" (default, inside `make test`): ~50 examples, no deadline (2 shared cores are noisy), and
+from tests.dist._pool import shared_pools  # noqa: F401 - the session fixture behind every shared pool
+
+# "ci" (default, in both tiers): ~50 examples, no deadline (2 shared cores are noisy), and
 # derandomized: every run draws the same examples, so a red CI means a change broke something, not
 # that hypothesis found an old bug by chance. Random exploration is `make fuzz`'s job.
 settings.register_profile("ci", max_examples=50, deadline=None, derandomize=True,
@@ -18,9 +22,50 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Helper modules (tests/**/_name.py) hold no tests and no doctests, but --doctest-modules would import
+# them: one imports accelerate, which lives in its own venv (make test-accelerate).
+collect_ignore_glob = ["*/_[a-z]*.py"]
+
+# Two tiers (README, "Test"). `make test-all` is plain `pytest`: every test. `make test` is the fast
+# tier, `pytest -m "not slow"`: every test but those marked slow here, which are the ones that start
+# processes of their own or build a venv: real gloo worlds, torchrun launches, the JAX oracle. Of
+# those, one real gloo check per family stays in the fast tier (SMOKE).
+SLOW_PATHS = ("tests/dist/", "tests/jax_oracle/", "tests/multinode/", "tests/test_examples_dist.py",
+              "tests/gpu/", "tests/accelerate/test_gloo.py")
+SLOW_FIXTURES = {"jax_python"}  # the JAX oracle's venv (tests/test_docs_migration_jax.py's JAX column)
+SMOKE = {
+    "realize": "tests/dist/test_realize_gloo.py::test_groups_reduce_and_gather_in_mesh_order_world4[permuted]",
+    "collectives": "tests/dist/test_collectives_gloo.py::test_forward_values[permuted-composed]",
+    "shard_map": "tests/dist/test_shard_map_gloo.py::test_gradients_dtensor_and_plain_typed_and_untyped",
+    "ragged": "tests/dist/test_ragged_gloo.py::test_uneven_and_zero_counts_every_way_of_giving_sizes_and_gradients",
+}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: outside the fast tier (`make test`); `make test-all` runs it")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m reads the markers
+def pytest_collection_modifyitems(config, items):
+    """Mark the slow tests; a smoke pick that names no collected test is an error, not a silent gap."""
+    ids = {item.nodeid for item in items}
+    for item in items:
+        if item.nodeid not in SMOKE.values() and (
+                item.nodeid.startswith(SLOW_PATHS) or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.slow)
+    files = {nodeid.split("::")[0] for nodeid in ids}
+    lost = [f"{family}: {nodeid}" for family, nodeid in SMOKE.items()
+            if nodeid.split("::")[0] in files and nodeid not in ids]
+    if lost:
+        raise pytest.UsageError(f"tests/conftest.py's SMOKE names tests that were not collected: {lost}")
+
 
 def pytest_terminal_summary(terminalreporter):
-    """After a run that included tests/fuzz: how many fuzz calls were made, valid and bad."""
+    """How many slow tests the fast tier left to `make test-all`; after a run that included tests/fuzz:
+    how many fuzz calls were made, valid and bad."""
+    deselected = len(terminalreporter.stats.get("deselected", []))
+    if deselected and terminalreporter.config.option.markexpr == "not slow":
+        terminalreporter.write_line(f"fast tier: {deselected} slow tests left out; `make test-all` runs every test")
     harness = sys.modules.get("tests.fuzz._harness")
     if harness is not None and sum(harness.COUNTS.values()):
         counts = harness.COUNTS

@@ -1,9 +1,10 @@
-"""A reusable pool of real gloo workers on loopback: spawn once per test module, run many checks.
+"""A reusable pool of real gloo workers on loopback: spawn once, run many checks.
 
 A fresh world-8 launch costs ~7 s on two cores while one check inside a live world costs
-milliseconds (docs/design.md, "Tests"), so each test module starts its pool once and sends it many checks::
+milliseconds (docs/design.md, "Tests"), so the session keeps one pool per world size and every
+test module borrows it::
 
-    w4 = pool_fixture(4)                    # module-scoped pytest fixture
+    w4 = pool_fixture(4)                    # module-scoped pytest fixture: the shared world-4 pool
 
     def check_sum(value):                   # a module-level function: runs on every rank
         t = torch.tensor([value])
@@ -17,6 +18,14 @@ A check is sent by reference (its module and qualified name) with picklable argu
 worker imports the module, calls the function and returns its value or the formatted
 exception. ``run`` raises :class:`WorkerFailed` when any rank raised; ``outcomes`` returns
 every rank's :class:`Outcome` for tests that expect exceptions.
+
+Sharing: before a module gets the shared pool, :meth:`Pool.reset` clears what earlier modules
+left on every rank (realize's cache, every group but the default one, dynamo's and DTensor's
+caches, the default dtype, grad mode, the environment) and checks the ranks agree on what cannot be undone
+(torch's group counter, the number of realize's checked calls); a rank that is still not clean
+gets the pool killed and the module an error naming what was left. A module that breaks its
+pool on purpose (killed or hung workers) or counts what a process holds (threads, descriptors)
+asks for a pool of its own: ``pool_fixture(4, own=True)``.
 
 Nothing here can hang a test:
 
@@ -134,6 +143,7 @@ def _worker_main(rank: int, world: int, conn: mpc.Connection, sys_path: list[str
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     phases["init"] = time.monotonic() - t0
+    _START_ENV.update(os.environ)
     conn.send(("ready", rank, os.getpid(), phases))
     while True:
         try:
@@ -158,6 +168,80 @@ def _worker_main(rank: int, world: int, conn: mpc.Connection, sys_path: list[str
             conn.send(reply)
         except Exception as e:  # noqa: BLE001 - an unpicklable result
             conn.send((seq, False, None, "PicklingError", f"result of {qualname} not picklable: {e!r}", ""))
+
+
+def drop_groups() -> None:
+    """On one rank: ``fm.clear_cache()`` and destroy every other group but the default one."""
+    import torch.distributed as dist
+
+    fm = sys.modules.get("functional_mesh")
+    if fm is not None:
+        fm.clear_cache()
+    world = dist.group.WORLD
+    for pg in [pg for pg in dist.distributed_c10d._world.pg_map if pg is not world]:
+        dist.destroy_process_group(pg)
+
+
+def fresh_caches() -> None:
+    """On one rank: torch's caches as in a new process, where they were loaded at all.
+
+    dynamo's compiled code and counters; DTensor's sharding propagation caches, which would
+    otherwise answer an op on a mesh realized again after ``fm.clear_cache()`` with the output
+    specs of the first, whose DeviceMesh (equal to the new one) names destroyed groups: "Could not
+    resolve the process group registered under the name ...".
+    """
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
+        dynamo.utils.counters.clear()
+    if "torch.distributed.tensor" in sys.modules:
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+        _clear_sharding_prop_cache()
+
+
+_START_ENV: dict[str, str] = {}  # the worker's environment once its world is up (reset restores it)
+RESET_BARRIER_S = 20.0
+
+
+def _reset_worker() -> dict[str, Any]:
+    """On one rank: drop what earlier checks left, then report the state the parent checks.
+
+    Everything that can be undone is: realize's cache (``fm.clear_cache()``), every process group
+    but the default one (a user's ``new_group``, a ``DeviceMesh``'s), torch's caches
+    (:func:`fresh_caches`), the default dtype, grad mode, the environment. What cannot be undone is reported, for the
+    parent to compare across ranks: torch's group counter (c10d names new groups by it, so ranks
+    that differ would join the wrong groups) and the number of realize's checked calls (the
+    divergence check pairs the ranks' calls by it).
+    """
+    import torch
+    import torch.distributed as dist
+
+    world = dist.group.WORLD
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=RESET_BARRIER_S), wait_all_ranks=True)
+    drop_groups()
+    fresh_caches()
+    torch.set_default_dtype(torch.float32)
+    torch.set_grad_enabled(True)
+    for key in set(os.environ) - set(_START_ENV):
+        del os.environ[key]
+    os.environ.update(_START_ENV)
+
+    fm = sys.modules.get("functional_mesh")
+    agree = sys.modules.get("functional_mesh._agree")
+    c10d = dist.distributed_c10d._world
+    total = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(total)  # the default group still works
+    return {
+        "other groups": sum(pg is not world for pg in c10d.pg_map),
+        "realize's groups": fm.cache_info().groups if fm is not None else 0,
+        "default dtype": str(torch.get_default_dtype()),
+        "grad enabled": torch.is_grad_enabled(),
+        "sum of ranks": int(total.item()),
+        # equal on every rank, whatever their values
+        "group counter": c10d.group_count,
+        "realize check calls": agree._CALLS.get("realize", 0) if agree is not None else 0,
+    }
 
 
 def _close_worker(conn: mpc.Connection, barrier_s: float) -> None:
@@ -264,6 +348,32 @@ class Pool:
         if problems:
             raise PoolError("pool teardown was not clean: " + "; ".join(problems))
 
+    def reset(self) -> None:
+        """Make the world clean for the next module (:func:`_reset_worker` on every rank), and check it.
+
+        Raises:
+            PoolError: a rank failed to reset or is not clean after it, or the ranks disagree on
+                torch's group counter or realize's checked calls; the pool is killed first, so
+                the module after gets a fresh one.
+        """
+        self._ensure()
+        clean = {"other groups": 0, "realize's groups": 0, "default dtype": "torch.float32", "grad enabled": True,
+                 "sum of ranks": self.world * (self.world - 1) // 2}
+        try:
+            states = self.run(_reset_worker, timeout=RESET_BARRIER_S + 10)
+        except WorkerFailed as e:
+            self.kill()
+            raise PoolError(f"world-{self.world} pool: reset failed, the pool was killed:\n{e}") from None
+        problems = [f"rank {rank}: {key} is {state[key]!r}, not {want!r}"
+                    for rank, state in enumerate(states) for key, want in clean.items() if state[key] != want]
+        for key in ("group counter", "realize check calls"):
+            if len({repr(state[key]) for state in states}) > 1:
+                problems.append(f"{key} differs between ranks: {[state[key] for state in states]}")
+        if problems:
+            self.kill()
+            raise PoolError(f"world-{self.world} pool: an earlier module left state that reset cannot undo; "
+                            "the pool was killed:\n" + "\n".join(problems))
+
     def _ensure(self) -> None:
         if self.broken or not self.procs:
             if self.restarts >= MAX_RESTARTS:
@@ -340,15 +450,55 @@ class Pool:
             raise PoolError(f"{what}: lost the pipe to rank {rank}: {e!r}") from None
 
 
-def pool_fixture(world: int) -> Any:
-    """A module-scoped pytest fixture that starts one ``world``-rank pool and closes it after."""
+# -- shared pools --------------------------------------------------------------------------------
+
+_SHARED: dict[int, Pool] = {}
+
+
+def shared_pool(world: int) -> Pool:
+    """The session's ``world``-rank pool (started by its first check), reset clean for its next user."""
+    pool = _SHARED.setdefault(world, Pool(world))
+    pool.restarts = 0  # MAX_RESTARTS counts per borrowing module
+    pool.reset()
+    return pool
+
+
+@pytest.fixture(scope="session")
+def shared_pools() -> Any:
+    """The shared pools by world size; closes them at the end of the session (tests/conftest.py
+    makes this fixture visible to every module)."""
+    yield _SHARED
+    problems = []
+    for world in sorted(_SHARED):
+        try:
+            _SHARED.pop(world).close()
+        except PoolError as e:
+            problems.append(f"world {world}: {e}")
+    if problems:
+        raise PoolError("; ".join(problems))
+
+
+def pool_fixture(world: int, *, own: bool = False) -> Any:
+    """A module-scoped pytest fixture named ``w<world>``: a ``world``-rank pool for the module.
+
+    By default the session's shared pool of that size, reset and checked clean first
+    (:meth:`Pool.reset`). ``own=True``: a pool of the module's own, started for it and closed
+    after it, for a module that breaks its pool on purpose or counts what a process holds.
+    """
+    if own:
+
+        @pytest.fixture(scope="module", name=f"w{world}")
+        def _own() -> Any:
+            pool = Pool(world).start()
+            try:
+                yield pool
+            finally:
+                pool.close()
+
+        return _own
 
     @pytest.fixture(scope="module", name=f"w{world}")
-    def _fixture() -> Any:
-        pool = Pool(world).start()
-        try:
-            yield pool
-        finally:
-            pool.close()
+    def _shared(shared_pools: dict[int, Pool]) -> Any:
+        return shared_pool(world)
 
-    return _fixture
+    return _shared

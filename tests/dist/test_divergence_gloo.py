@@ -32,7 +32,7 @@ from functional_mesh import Mesh, make_mesh
 from tests.dist._pool import pool_fixture
 from tests.dist._settings import CHECK_S, GROUP_TIMEOUT
 
-w4 = pool_fixture(4)
+w4 = pool_fixture(4, own=True)  # ranks skip realize calls on purpose: a pool of its own
 
 ENV = "FUNCTIONAL_MESH_CHECK_COLLECTIVES"
 TIMEOUT_ENV = "FUNCTIONAL_MESH_CHECK_TIMEOUT"

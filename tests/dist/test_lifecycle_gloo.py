@@ -39,7 +39,7 @@ from functional_mesh import Mesh, make_mesh
 from tests.dist._pool import pool_fixture
 from tests.dist._settings import CHECK_S, GROUP_TIMEOUT
 
-w4 = pool_fixture(4)
+w4 = pool_fixture(4, own=True)  # counts threads and descriptors per process: a pool of its own
 
 M22 = make_mesh((2, 2), ("dp", "tp"))
 MESHES = [  # new groups (ascending and not), a size-1 axis (no group; rm.group lends the one-rank fake
