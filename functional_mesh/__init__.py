@@ -42,6 +42,8 @@ _LAZY: dict[str, str] = {
     "pcast": "_collectives",
     "psum": "_collectives",
     "pmean": "_collectives",
+    "pmax": "_collectives",
+    "pmin": "_collectives",
     "pvary": "_collectives",
     "all_gather": "_collectives",
     "psum_scatter": "_collectives",

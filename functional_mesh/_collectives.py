@@ -13,13 +13,15 @@ product, first name major). Chunk order is mesh order: realize creates every gro
 members in mesh order, so group rank ``i`` is coordinate ``i`` along the axis. Autograd (the same
 on every supported torch), with replicated cotangents as in Megatron: ``psum`` backward is the
 identity, ``pvary`` is the identity forward and ``psum`` backward, ``pmean`` is ``psum / n``,
+``pmax``/``pmin`` send the cotangent to the members holding the result (ties split evenly),
 ``all_gather`` and ``psum_scatter`` are each other's transposes, ``all_to_all`` and
 ``ragged_all_to_all`` go back by the inverse exchange and ``ppermute`` by the inverse permutation.
 
 Groups. A tuple of axes uses the product group when the cache holds it (``realize(mesh,
 products=[axes])``); otherwise ``psum``/``pvary`` go axis by axis, ``all_gather`` innermost axis
-first, ``psum_scatter`` outermost first, ``ppermute`` point to point; ``all_to_all`` composes one
-exchange per axis; ``ragged_all_to_all`` needs the product group. A collective never creates a
+first, ``psum_scatter`` outermost first, ``ppermute`` point to point, ``pmax``/``pmin`` axis by
+axis (ties counted over the whole tuple); ``all_to_all`` composes one exchange per axis;
+``ragged_all_to_all`` needs the product group. A collective never creates a
 group. A size-1 axis has no group and costs no communication: it is left out of a tuple's plan,
 and a collective over size-1 axes only is one local step (a copy; zeros for a ``ppermute`` that
 sends nothing) with the same values and gradients.
@@ -61,8 +63,8 @@ from ._mesh import axes_size, axis_position
 from ._validate import as_bool, as_dim, as_int, as_name_tuple, check_unique
 
 __all__ = ["CHECK_COLLECTIVES_ENV", "COLLECTIVES", "RAW", "Axes", "Call", "Collective", "all_gather", "all_to_all",
-           "axis_index", "axis_size", "bind", "current_region", "open_region", "pcast", "pmean",
-           "ppermute", "psum", "psum_scatter", "pvary", "ragged_all_to_all", "resolve_axes", "run_step"]
+           "axis_index", "axis_size", "bind", "current_region", "open_region", "pcast", "pmax", "pmean",
+           "pmin", "ppermute", "psum", "psum_scatter", "pvary", "ragged_all_to_all", "resolve_axes", "run_step"]
 
 CHECK_COLLECTIVES_ENV = S.CHECK_COLLECTIVES_ENV
 
@@ -314,6 +316,31 @@ def _pmean_untyped(call: Call) -> torch.Tensor:
 
 def _psum_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: dict[str, Any]) -> _vma.Rule:
     return _vma.psum_rule(api, operand, axes)
+
+
+# pmax / pmin: the all-reduce of max (min); the gradient to the members holding the result, ties
+# split evenly (torch.amax's rule); invariant over the axes (typed as psum).
+
+
+def _extremum(op: str, call: Call) -> torch.Tensor:
+    x = call.x
+    if x.is_complex():
+        raise TypeError(requires(call.api, "a real tensor (complex numbers have no order)", "x.dtype", x.dtype))
+    hops, check = call.hops(), _check(call)
+    steps = tuple(S.AllReduce(call.group(hop), op) for hop in hops)
+    grad = x.requires_grad and torch.is_grad_enabled()
+    if call.traced or check is not None or grad:
+        checks = tuple(partial(check, axes=hop.axes, group=hop.pg) if check is not None and hop.size > 1 else None
+                       for hop in hops)
+        return S.Extremum.apply(x, steps, checks, grad)
+    for step in steps:
+        x = step.run(x)
+    return x
+
+
+def _extremum_untyped(op: str, call: Call) -> torch.Tensor:
+    """JAX's untyped convention: the result's cotangent is summed over the axes first (a pvary after it)."""
+    return _pvary(call._replace(x=_extremum(op, call)))
 
 
 # pvary / pcast(to="varying"): identity forward, psum backward; the result varies over the axes.
@@ -591,6 +618,16 @@ def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
     return _dispatch(PMEAN, pmean, x, axis, mesh, {})
 
 
+def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
+    """Elementwise maximum of ``x`` over ``axis``; the gradient goes to the members holding it."""
+    return _dispatch(PMAX, pmax, x, axis, mesh, {})
+
+
+def pmin(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
+    """Elementwise minimum of ``x`` over ``axis``; the gradient goes to the members holding it."""
+    return _dispatch(PMIN, pmin, x, axis, mesh, {})
+
+
 def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
     """Identity forward, ``psum`` backward: mark a replicated value entering ``axis``-varying compute."""
     return _dispatch(PVARY, pvary, x, axis, mesh, {})
@@ -664,6 +701,10 @@ def axis_size(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) ->
 
 PSUM = _register(psum, Collective("psum", True, _psum, _psum_rule, untyped=_psum_untyped))
 PMEAN = _register(pmean, Collective("pmean", True, _pmean, _psum_rule, untyped=_pmean_untyped))
+PMAX = _register(pmax, Collective("pmax", True, partial(_extremum, "max"), _psum_rule,
+                                  untyped=partial(_extremum_untyped, "max")))
+PMIN = _register(pmin, Collective("pmin", True, partial(_extremum, "min"), _psum_rule,
+                                  untyped=partial(_extremum_untyped, "min")))
 PVARY = _register(pvary, Collective("pvary", True, _pvary, _pvary_rule, untyped=_identity))
 PCAST = _register(pcast, Collective("pcast", True, _pvary, _pvary_rule, _pcast_params, untyped=_identity))
 ALL_GATHER = _register(all_gather, Collective("all_gather", True, _all_gather, _gather_rule, _gather_params,

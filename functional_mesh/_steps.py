@@ -15,7 +15,8 @@ back (JAX's transpose rule, with replicated cotangents as in Megatron). The line
   :class:`PointToPoint` (ppermute): each transposes to its inverse.
 
 :class:`Comm` makes a step and its transpose one autograd node of a tensor and constants, which
-torch.compile traces whole. ``max`` and ``min`` are not linear: they have no transpose.
+torch.compile traces whole. ``max`` and ``min`` are not linear: :class:`Extremum` gives pmax and
+pmin their gradient (to the members holding the result, ties split evenly, as ``torch.amax``).
 The records of ``_collectives`` say which steps each collective makes.
 
 Every step's result depends on the data it was given, also where a member receives nothing
@@ -44,7 +45,7 @@ from ._agree import agree, next_call
 from ._errors import MeshError, requires
 from ._realize_plan import check_timeout_seconds
 
-__all__ = ["CHECK_COLLECTIVES_ENV", "AllReduce", "Check", "Comm", "Exchange", "Gather", "Identity",
+__all__ = ["CHECK_COLLECTIVES_ENV", "AllReduce", "Check", "Comm", "Exchange", "Extremum", "Gather", "Identity",
            "Permute", "PointToPoint", "Ragged", "Scatter", "Slice", "debug_check"]
 
 CHECK_COLLECTIVES_ENV = "FUNCTIONAL_MESH_CHECK_COLLECTIVES"
@@ -146,7 +147,7 @@ class AllReduce(NamedTuple):
     Transpose (``sum``): :class:`Identity`, since the result is the same on every member, so is
     its cotangent, which passes back unchanged (Megatron's g). Eagerly, ``run``'s own autograd is
     already that identity (a clone reduced in place), so psum needs no node of its own
-    (``grad_by_torch``). ``max`` and ``min`` have no transpose.
+    (``grad_by_torch``). ``max`` and ``min`` have no transpose: :class:`Extremum` differentiates them.
     """
 
     group: Any
@@ -164,7 +165,7 @@ class AllReduce(NamedTuple):
 
     def transpose(self) -> Identity:
         if self.op != "sum":
-            raise TypeError(f"all_reduce({self.op!r}) is not linear and has no transpose")
+            raise TypeError(f"all_reduce({self.op!r}) is not linear and has no transpose; Extremum differentiates it")
         return Identity(self.group)
 
 
@@ -387,3 +388,34 @@ class Comm(torch.autograd.Function):
         if ctx.check is not None and not back.local:
             ctx.check(grad, backward=True)
         return back.run(grad), None, None
+
+
+class Extremum(torch.autograd.Function):
+    """pmax/pmin: the reductions ``steps`` (one :class:`AllReduce` of ``max`` or ``min`` per hop,
+    each after its debug ``checks`` entry), and their gradient.
+
+    The gradient goes to the members whose ``x`` equals the result, split evenly among ties:
+    ``grad / count * held``, as ``torch.amax``/``amin`` over the stacked members computes it. When
+    ``grad`` (a gradient will be asked for), the forward also sums ``held`` over the same groups
+    (``count``); the backward then communicates nothing.
+    """
+
+    @staticmethod
+    def forward(ctx, x, steps, checks, grad):
+        y = x
+        for step, check in zip(steps, checks, strict=True):
+            if check is not None:
+                check(y, backward=False)
+            y = step.run(y)
+        if grad:
+            held = x == y
+            count = held.to(x.dtype)
+            for step in steps:
+                count = AllReduce(step.group, "sum").run(count)
+            ctx.save_for_backward(held, count)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        held, count = ctx.saved_tensors
+        return grad / count * held, None, None, None

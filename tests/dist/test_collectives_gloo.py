@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import functional_mesh as fm
-from functional_mesh import Mesh
+from functional_mesh import Mesh, P
 from tests.dist._pool import pool_fixture
 from tests.dist._settings import CHECK_S, GROUP_TIMEOUT, MESHES
 
@@ -400,3 +400,156 @@ def test_errors(w8):
             assert res[name] is not None and res[name][1], (rank, name, res[name])
             assert re.search(rf"did you mean '{guess}'", res[name][2]), res[name]
         assert res["after"] == 2.0
+
+
+# -- pmax / pmin: the extreme over the members; the gradient to the members holding it ------------------
+#
+# The spec is one process: the members' inputs stacked (mesh order), torch.amax / torch.amin over
+# them, and autograd through that; ties split the gradient evenly, as torch's own backward does.
+# Inputs take few distinct values, so that most elements tie between 2 or more members (unequal
+# counts across a tuple's rows too). Outside a region the result's cotangent is this rank's own
+# (taken as replicated, as psum's); in regions the one-process program is the whole mapped function.
+
+EXTREMA = {"pmax": torch.amax, "pmin": torch.amin}
+
+
+def T(rank: int, shape=(4, 6)) -> torch.Tensor:
+    """Rank ``rank``'s input with many ties across ranks (values 0..3, exact in float64)."""
+    n = int(np.prod(shape))
+    return ((torch.arange(n) * (1 + rank % 3) + rank // 3) % 4).to(torch.float64).reshape(shape)
+
+
+def one_process(op: str, inputs: list[torch.Tensor], cotangent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the extreme over the stacked inputs, each input's gradient, stacked) with plain torch."""
+    stacked = torch.stack(inputs).requires_grad_(True)
+    y = EXTREMA[op](stacked, 0)
+    (y * cotangent).sum().backward()
+    return y.detach(), stacked.grad
+
+
+def extrema_eager(mesh: Mesh, products: bool, axes=AXES, tuples=TUPLES) -> list[str]:
+    rm = realize(mesh, products, tuples)
+    r = rm.rank
+    bad = Mismatches()
+    ties = 0
+    for axis in axes:
+        mem, i = members_of(mesh, axis, r)
+        for op in EXTREMA:
+            fn = getattr(fm, op)
+            for cotangent in ("replicated", "this rank's"):
+                up = G(0, (4, 6)) if cotangent == "replicated" else G(r, (4, 6))
+                want_y, want_grads = one_process(op, [T(m) for m in mem], up)
+                y, g = grad_of(lambda t, axis=axis, fn=fn: fn(t, axis, mesh=rm), T(r), lambda shape, up=up: up)
+                bad.eq(f"{op} {axis}", y, want_y)
+                bad.eq(f"{op} grad {axis}, {cotangent} cotangent", g, want_grads[i])
+            ties += int(((want_grads[i] != 0) & (want_grads[i] != up)).sum())  # shared gradients
+            bad.eq(f"{op} {axis} without a gradient", fn(T(r), axis, mesh=rm), want_y)
+            bad.eq(f"{op} {axis} integers", fn(T(r).long(), axis, mesh=rm), want_y.long())
+    if ties == 0:
+        bad.append("the inputs hold no ties: the test would not see how ties share the gradient")
+    return bad
+
+
+def extrema_in_regions(mesh: Mesh, products: bool) -> list[str]:
+    """pmax/pmin inside shard_map, typed and untyped: every rank's block is T(rank); the result's
+    out_spec names the axes not reduced. Output and the full input's gradient against one process."""
+    rm = realize(mesh, products)
+    bad = Mismatches()
+    order = mesh.flatten(name="all").group_of(rm.rank).reshape(-1).tolist()  # every device, mesh order
+    full = torch.cat([T(d) for d in order])
+    for axis in ["tp", ("dp", "cp"), ("tp", "cp", "dp")]:
+        names = (axis,) if isinstance(axis, str) else axis
+        other = tuple(a for a in mesh.axis_names if a not in names)
+        rows = mesh[other].flatten(name="o") if other else None
+        n_other = rows.size if rows is not None else 1
+
+        def row_of(d, rows=rows):
+            return rows.coordinate(d)[0] if rows is not None else 0
+
+        cotangent = torch.cat([G(k, (4, 6)) for k in range(n_other)])  # the result's, full
+        for op in EXTREMA:
+            want_y, want_grad = [None] * n_other, [None] * len(order)
+            for d in order:
+                mem, i = members_of(mesh, axis, d)
+                y, grads = one_process(op, [T(m) for m in mem], G(row_of(d), (4, 6)))
+                want_y[row_of(d)], want_grad[order.index(d)] = y, grads[i]
+            for check_vma in (True, False):
+                seen = {}
+
+                def body(x, axis=axis, op=op, seen=seen):
+                    y = getattr(fm, op)(x, axis)
+                    seen["type"] = fm.typeof(y).varying if check_vma else None
+                    return y
+
+                f = fm.shard_map(body, mesh=rm, in_specs=P(mesh.axis_names), out_specs=P(other) if other else P(),
+                                 check_vma=check_vma)
+                x = full.clone().requires_grad_(True)
+                y = f(x).full_tensor()
+                (y * cotangent).sum().backward()
+                label = f"{op} {axis} {'typed' if check_vma else 'untyped'}"
+                bad.eq(label, y.detach(), torch.cat(want_y))
+                bad.eq(f"{label} grad", x.grad, torch.cat(want_grad))
+                if check_vma:  # invariant over the axes reduced, like psum
+                    bad.eq(f"{label} type", seen["type"], frozenset(other))
+    return bad
+
+
+def extrema_errors(mesh: Mesh) -> dict:
+    rm = realize(mesh, False)
+    x = T(rm.rank)
+    calls = {
+        "unknown": lambda: fm.pmax(x, "tpp", mesh=rm),
+        "unknown_in_tuple": lambda: fm.pmin(x, ("dp", "TP"), mesh=rm),
+        "repeated": lambda: fm.pmax(x, ("tp", "tp"), mesh=rm),
+        "complex": lambda: fm.pmax(x.to(torch.complex128), "tp", mesh=rm),
+        "not a tensor": lambda: fm.pmin([1.0], "tp", mesh=rm),
+        "pure mesh": lambda: fm.pmax(x, "tp", mesh=mesh),
+        "mixed in a region": lambda: fm.shard_map(lambda v: fm.pmax(v, ("dp", "tp")), mesh=rm,
+                                                  in_specs=P("dp"), out_specs=P())(torch.ones(2, 3)),
+    }
+    out = {}
+    for name, call in calls.items():
+        try:
+            call()
+            out[name] = None
+        except Exception as e:  # noqa: BLE001
+            out[name] = (type(e).__name__, str(e))
+    out["after"] = fm.pmax(torch.tensor([float(rm.rank)]), "tp", mesh=rm).item()  # the world is still in step
+    return out
+
+
+
+@pytest.mark.parametrize("products", [True, False], ids=["products", "composed"])
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_pmax_and_pmin_give_one_process_values_and_gradients(w8, mesh_name, products):
+    results = w8.run(extrema_eager, MESHES[mesh_name], products)
+    assert results == [[]] * 8, "\n".join(f"rank {r}: {m}" for r, ms in enumerate(results) for m in ms[:10])
+
+
+@pytest.mark.parametrize("products", [True, False], ids=["products", "composed"])
+def test_pmax_and_pmin_over_size1_axes(w8, products):
+    results = w8.run(extrema_eager, SIZE1_MESHES["size-1-permuted"], products, SIZE1_AXES, SIZE1_TUPLES)
+    assert results == [[]] * 8, "\n".join(f"rank {r}: {m}" for r, ms in enumerate(results) for m in ms[:10])
+
+
+@pytest.mark.parametrize("products", [True, False], ids=["products", "composed"])
+def test_pmax_and_pmin_in_typed_and_untyped_regions(w8, products):
+    results = w8.run(extrema_in_regions, MESHES["permuted"], products, timeout=120)
+    assert results == [[]] * 8, "\n".join(f"rank {r}: {m}" for r, ms in enumerate(results) for m in ms[:10])
+
+
+def test_pmax_and_pmin_errors(w8):
+    mesh = MESHES["permuted"]
+    for rank, res in enumerate(w8.run(extrema_errors, mesh)):
+        assert res["unknown"][0] == "UnknownAxisError" and "did you mean 'tp'" in res["unknown"][1], res
+        assert res["unknown_in_tuple"][0] == "UnknownAxisError" and "did you mean 'tp'" in res["unknown_in_tuple"][1]
+        assert res["repeated"][0] == "MeshError" and "distinct axis names" in res["repeated"][1], res
+        assert res["complex"] == ("TypeError", "`pmax` requires a real tensor (complex numbers have no order), but "
+                                  "got x.dtype=torch.complex128"), res
+        assert res["not a tensor"] == ("TypeError", "`pmin` requires a torch.Tensor, but got x=[1.0]"), res
+        assert res["pure mesh"][0] == "TypeError" and "realize" in res["pure mesh"][1], res
+        assert res["mixed in a region"][0] == "VmaError", res
+        assert "`pmax` over ('dp', 'tp') requires a value that varies over all of these axes or over none" in \
+            res["mixed in a region"][1], res
+        tp, _ = members_of(mesh, "tp", rank)
+        assert res["after"] == max(tp)

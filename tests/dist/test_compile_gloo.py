@@ -26,6 +26,8 @@ CASES = {
     "psum tuple": lambda x, m: fm.psum(x, ("a", "b"), mesh=m),
     "pmean": lambda x, m: fm.pmean(x, "b", mesh=m),
     "pvary": lambda x, m: fm.pvary(x, "a", mesh=m) * 3,
+    "pmax": lambda x, m: fm.pmax(x, "a", mesh=m),
+    "pmin tuple with ties": lambda x, m: fm.pmin(x % 3, ("a", "b"), mesh=m),  # ranks 0 and 3 tie
     "pcast tuple": lambda x, m: fm.pcast(x, ("a", "b"), to="varying", mesh=m),
     "all_gather dim 1": lambda x, m: fm.all_gather(x, "a", dim=1, mesh=m),
     "all_gather invariant tuple": lambda x, m: fm.all_gather(x, ("a", "b"), to="invariant", mesh=m),
@@ -169,11 +171,16 @@ def _in_place(x, w):  # in-place writes the types allow
     return fm.psum(y, "b")
 
 
+def _extrema(x):  # pmax and pmin: invariant over the axes they reduce, like psum
+    return fm.pmax(x, "a") + fm.pmin(x, ("a", "b")).sum()
+
+
 SHARD_MAP_PROGRAMS = {  # name: (per-shard function, in_specs, out_specs, argument shapes, arguments as)
     "mlp": (_mlp, (P("a", None), P(None, "b"), P("b", None)), P("a", None), [(4, 6), (6, 8), (8, 3)], "dtensor"),
     "gathers": (_gathers, (P("a", "b"), P("b", None)), P(None, None), [(4, 4), (4, 6)], "full"),
     "trees": (_trees, ({"x": P("a", None)}, P()), {"sum": P(), "rows": P("a", "b")}, [(4, 6), ()], "full"),
     "in place": (_in_place, (P("a", None), P(None, "b")), P("a", None), [(4, 6), (6, 4)], "full"),
+    "extrema": (_extrema, (P("a", "b"),), P(None, "b"), [(4, 4)], "full"),
 }
 SHARD_MAP_INDUCTOR = ["mlp"]
 

@@ -21,7 +21,7 @@ def test_a_second_rule_for_a_key_is_an_error():
 def test_every_spelling_of_an_op_is_registered_once():
     keys = list(R.registered())
     assert len(keys) == len(set(keys))
-    ours = {fm.psum, fm.pmean, fm.pvary, fm.pcast, fm.all_gather, fm.psum_scatter, fm.all_to_all,
+    ours = {fm.psum, fm.pmean, fm.pmax, fm.pmin, fm.pvary, fm.pcast, fm.all_gather, fm.psum_scatter, fm.all_to_all,
             fm.ragged_all_to_all, fm.ppermute, fm.axis_index, fm.axis_size}
     assert set(C.COLLECTIVES) == ours  # one record per public collective, and no other
     assert {C.COLLECTIVES[f].name for f in ours} == {f.__name__ for f in ours}
