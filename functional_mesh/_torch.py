@@ -226,11 +226,11 @@ def one_rank_group(name: str, desc: str) -> Any:
         return pg
     # torch 2.11 and 2.12 (feature-detected): the fake backend's reduce-scatter, all-to-all and
     # scatter leave their output as it was, which FSDP2 over a size-1 dim turns into garbage. There
-    # the lent group is a real one-rank group: gloo for CPU tensors and, where CUDA is available,
-    # NCCL for CUDA ones (its communicator is made by the first CUDA collective over it, if any).
+    # the lent group is a real one-rank gloo group, for CPU and CUDA tensors alike. Not NCCL: under
+    # a device-bound NCCL default group torch would split its communicator from the default one,
+    # a collective call of every rank, which a group made by one rank alone must never be.
     _forget(pg)
-    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-    return _helper_group([dist.get_rank()], backend, f"{name}_exact", timeout, desc, None)
+    return _helper_group([dist.get_rank()], "gloo", f"{name}_exact", timeout, desc, None)
 
 
 def _exact_for_one_rank(pg: Any) -> bool:
