@@ -36,15 +36,19 @@ class ContextStack(Generic[T]):
         self._shared = shared
 
     def top(self, compiling: bool | None = None) -> T | None:
-        """The innermost value, or ``None`` (``compiling``: ``torch.compiler.is_compiling()``, if known)."""
-        if compiling is None:
-            compiling = torch.compiler.is_compiling()
-        if compiling:
-            return self._list[-1] if self._list else None
-        stack = self._var.get()
-        if stack:
-            return stack[-1]
-        return self._list[-1] if self._list and not self._shared else None
+        """The innermost value, or ``None`` (``compiling``: ``torch.compiler.is_compiling()``, if known).
+
+        Eagerly with nothing pushed (what every eager collective asks): one context-variable read
+        and two attribute reads.
+        """
+        if not (torch.compiler.is_compiling() if compiling is None else compiling):
+            stack = self._var.get()
+            if stack:
+                return stack[-1]
+            if self._shared:
+                return None
+        entries = self._list
+        return entries[-1] if entries else None
 
     def push(self, value: T) -> bool:
         """Make ``value`` the innermost; returns whether it was pushed while tracing (give it to :meth:`pop`)."""
