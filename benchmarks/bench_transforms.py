@@ -93,16 +93,18 @@ def load_before(root: str) -> Any:
     return module
 
 
-def first_hash_ns(make: Callable[[], Any], n: int, repeats: int = 5) -> list[float]:
-    """Per-call time of ``hash`` on ``n`` fresh objects (a cached hash costs only on the first call)."""
-    out = []
-    for _ in range(repeats):
-        objs = [make() for _ in range(n)]
-        t0 = time.process_time_ns()
-        for obj in objs:
-            hash(obj)
-        out.append((time.process_time_ns() - t0) / n)
-        del objs
+def first_hash_ns(makes: dict[str, Callable[[], Any]], n: int, repeats: int = 9) -> dict[str, list[float]]:
+    """Per side, the per-call time of ``hash`` on ``n`` fresh objects (a cached hash costs only on the first
+    call); the sides take turns, in alternating order."""
+    out: dict[str, list[float]] = {side: [] for side in makes}
+    for r in range(repeats):
+        for side in list(makes)[:: 1 if r % 2 == 0 else -1]:
+            objs = [makes[side]() for _ in range(n)]
+            t0 = time.process_time_ns()
+            for obj in objs:
+                hash(obj)
+            out[side].append((time.process_time_ns() - t0) / n)
+            del objs
     return out
 
 
@@ -141,9 +143,10 @@ def ours_worker(world: int, samples: int, budget_s: float, before: str | None = 
     times = timed({(row, side): (ours, envs[side]) for row, (ours, _) in OPS.items() for side in sides},
                   samples, budget_s)
     out = [{**figure(row, xs), "column": side} for (row, side), xs in times.items()]
+    hashes = first_hash_ns({side: lambda m=envs[side]["mesh"]: m["dp", "tp"] for side in sides}, 1000)
     for side in sides:
         mesh = envs[side]["mesh"]
-        got = [figure("hash, first call", first_hash_ns(lambda: mesh["dp", "tp"], 1000)), *slice_sizes(mesh)]
+        got = [figure("hash, first call", hashes[side]), *slice_sizes(mesh)]
         if side == "before":  # a pickle names its classes' modules: functional_mesh_before's are longer
             got = [f for f in got if not f["row"].startswith("pickled")]
         got += memory('memory of ["dp", "tp"].flatten()', lambda: mesh["dp", "tp"].flatten())
@@ -164,7 +167,8 @@ def torch_worker(world: int, samples: int, budget_s: float, before: None = None)
     made = {"make_mesh": len(calls.requested)}
     out += slice_sizes(dm)  # before any _flatten: a pickled slice carries the root's caches
     # fresh slices, at most ~2M ranks' worth alive at once (each holds a W-tuple)
-    out.append(figure("hash, first call", first_hash_ns(lambda: dm["dp", "tp"], max(3, min(200, 2**21 // world)))))
+    hashes = first_hash_ns({"torch": lambda: dm["dp", "tp"]}, max(3, min(200, 2**21 // world)), repeats=5)
+    out.append(figure("hash, first call", hashes["torch"]))
     env = {"dm": dm, "tp": dm["tp"], "a": dm["dp", "tp"], "b": dm["dp", "tp"], "W": world,
            "fresh": itertools.count()}
     out += [figure(row, xs) for row, xs in timed({row: (stmt, env) for row, (_, stmt) in OPS.items()

@@ -92,7 +92,7 @@ def test_device_range_is_a_real_attrs_class_and_evolve_revalidates():
     assert hash(attrs.evolve(dl, step=-2)) == hash(dl)
     with pytest.raises(MeshError, match=r"^`DeviceRange` requires a non-zero step \(distinct ranks\), but got step=0"):
         attrs.evolve(dl, step=0)
-    with pytest.raises(MeshError, match=r"^`DeviceRange` requires non-negative global ranks, but got devices='14..-4 step"):
+    with pytest.raises(MeshError, match=r"^`DeviceRange` requires non-negative global ranks, but got devices='14..-4"):
         attrs.evolve(dl, n=10)
     with pytest.raises(MeshError, match=r"^`DeviceRange` requires a non-negative number of devices, but got n=-1$"):
         attrs.evolve(dl, n=-1)
