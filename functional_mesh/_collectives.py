@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, wraps
 from typing import Any, NamedTuple
 
 import torch
@@ -201,7 +201,10 @@ def bind(rec: Collective, x: Any, axis: object, rm: RealizedMesh, params: dict[s
     """Check one call in the order users see its errors: tensor, parameters, axes (the mesh: before)."""
     api = rec.name
     if rec.operand and not isinstance(x, torch.Tensor):
-        raise TypeError(requires(api, "a torch.Tensor", "x", x))
+        message = requires(api, "a torch.Tensor", "x", x)
+        if api == "psum" and isinstance(x, (int, float)):  # JAX's psum(1, axis_name): the size of the axes
+            message += "; for the size of the axes (JAX's psum(1, axis_name)) call fm.axis_size(axis), a Python int"
+        raise TypeError(message)
     if rec.check_params is not None:
         params = rec.check_params(api, params)
     if traced is None:
@@ -263,6 +266,8 @@ def _register(public: Callable[..., Any], rec: Collective) -> Collective:
 
 def _check(call: Call) -> S.Check | None:
     """The debug check of one call (``None`` when off): one environment lookup per call."""
+    if S.check_off():
+        return None
     rec = COLLECTIVES_BY_NAME.get(call.api)
     describe = rec.describe if rec is not None and rec.describe is not None else None
     return S.debug_check(call.api, call.rm, call.names, call.traced,
@@ -278,7 +283,7 @@ def _apply(call: Call, check: S.Check | None, x: torch.Tensor, step: Any, hop: H
     the step with its transpose.
     """
     bound = partial(check, axes=hop.axes, group=hop.pg) if check is not None and hop.size > 1 else None
-    if call.traced or bound is not None or (not step.grad_by_torch and x.requires_grad and torch.is_grad_enabled()):
+    if call.traced or bound is not None or (x.requires_grad and torch.is_grad_enabled() and not step.grad_by_torch):
         return S.Comm.apply(x, step, bound)
     return step.run(x)
 
@@ -606,74 +611,471 @@ def _axis_size(call: Call) -> int:
 
 
 # -- the public functions: thin and uniform ----------------------------------------------------------
-
+#
+# Every docstring's examples run as doctests in one process of an 8-rank job under torch's fake
+# backend: fake collectives carry no data, so the examples show shapes and types, and the text
+# says what the values are.
 
 def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Sum ``x`` over ``axis``; backward is the identity (the result is replicated over ``axis``)."""
+    """Sum ``x`` over the members of ``axis``: every member gets the same total.
+
+    Four members holding ``0, 1, 2, 3`` each get ``6``. The result is invariant over ``axis``;
+    its backward is the identity (each member's cotangent passes back as it is, Megatron's g).
+    In a typed region an operand that is invariant over ``axis`` is cast first (``pvary``), so its
+    ``psum`` is ``n * x``, as in JAX.
+
+    Args:
+        x: this member's tensor.
+        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
+            calls it ``axis_name``.
+        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
+            ``with rm:``.
+
+    Returns:
+        A new tensor, the sum, with ``x``'s shape and dtype.
+
+    Raises:
+        TypeError: ``x`` is not a tensor (for ``psum(1, axis)``, JAX's idiom for the size of the
+            axes, call :func:`axis_size`), or ``mesh`` is a pure ``Mesh``.
+        UnknownAxisError: a name that is not an axis of the mesh.
+        MeshError: a name repeated, no mesh given or entered, or this rank outside the mesh.
+        VmaError: in a typed region, an operand varying over some of the axes and not the others.
+
+    Examples:
+        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
+        and types.
+
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> fm.psum(torch.ones(2, 3), "tp", mesh=rm).shape
+        torch.Size([2, 3])
+        >>> def body(v):
+        ...     print(fm.typeof(fm.psum(v, "tp")))
+        ...     return v
+        >>> _ = fm.shard_map(body, mesh=rm, in_specs=fm.P("tp"), out_specs=fm.P("tp"))(torch.ones(8))
+        AxisTypes(varying=frozenset())
+        >>> fm.clear_cache(); dist.destroy_process_group()
+    """
     return _dispatch(PSUM, psum, x, axis, mesh, {})
 
 
 def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Mean of ``x`` over ``axis``: ``psum(x) / n``."""
+    """The mean of ``x`` over the members of ``axis``: ``psum(x, axis) / n``.
+
+    Four members holding ``0, 1, 2, 3`` each get ``1.5``. Typed and differentiated as
+    :func:`psum` (backward: the cotangent divided by ``n``).
+
+    Args:
+        x: this member's tensor (floating point: the division is true division).
+        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
+            calls it ``axis_name``.
+        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
+            ``with rm:``.
+
+    Returns:
+        A new tensor, the mean, with ``x``'s shape.
+
+    Raises:
+        TypeError: ``x`` is not a tensor, or ``mesh`` is a pure ``Mesh``.
+        UnknownAxisError: a name that is not an axis of the mesh.
+        MeshError: a name repeated, no mesh given or entered, or this rank outside the mesh.
+        VmaError: in a typed region, an operand varying over some of the axes and not the others.
+
+    Examples:
+        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
+        and types.
+
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> fm.pmean(torch.ones(2, 3), ("dp", "tp"), mesh=rm).shape
+        torch.Size([2, 3])
+        >>> fm.clear_cache(); dist.destroy_process_group()
+    """
     return _dispatch(PMEAN, pmean, x, axis, mesh, {})
 
 
 def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Elementwise maximum of ``x`` over ``axis``; the gradient goes to the members holding it."""
+    """The elementwise maximum of ``x`` over the members of ``axis``: every member gets the same.
+
+    Four members holding ``[0, 5]``, ``[3, 5]``, ``[1, 2]``, ``[2, 0]`` each get ``[3, 5]``. The
+    result is invariant over ``axis`` (typed as :func:`psum`). Its gradient goes to the members
+    whose ``x`` holds the maximum, split evenly where several do, as ``torch.amax`` over the
+    stacked members does: above, the cotangent of ``3`` goes to the second member, and half of
+    the cotangent of ``5`` to each of the first two.
+
+    Args:
+        x: this member's tensor (real: integers or floating point).
+        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
+            calls it ``axis_name``.
+        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
+            ``with rm:``.
+
+    Returns:
+        A new tensor, the maximum, with ``x``'s shape and dtype.
+
+    Raises:
+        TypeError: ``x`` is not a tensor, or is complex, or ``mesh`` is a pure ``Mesh``.
+        UnknownAxisError: a name that is not an axis of the mesh.
+        MeshError: a name repeated, no mesh given or entered, or this rank outside the mesh.
+        VmaError: in a typed region, an operand varying over some of the axes and not the others.
+
+    Examples:
+        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
+        and types.
+
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> x = torch.ones(2, 3, requires_grad=True)
+        >>> y = fm.pmax(x, "tp", mesh=rm)
+        >>> y.shape, y.requires_grad
+        (torch.Size([2, 3]), True)
+        >>> def body(v):
+        ...     print(fm.typeof(fm.pmax(v, "tp")))
+        ...     return v
+        >>> _ = fm.shard_map(body, mesh=rm, in_specs=fm.P("tp"), out_specs=fm.P("tp"))(torch.ones(8))
+        AxisTypes(varying=frozenset())
+        >>> fm.clear_cache(); dist.destroy_process_group()
+    """
     return _dispatch(PMAX, pmax, x, axis, mesh, {})
 
 
 def pmin(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Elementwise minimum of ``x`` over ``axis``; the gradient goes to the members holding it."""
+    """The elementwise minimum of ``x`` over the members of ``axis``: :func:`pmax` with ``min``.
+
+    Four members holding ``[0, 5]``, ``[3, 5]``, ``[1, 2]``, ``[2, 0]`` each get ``[0, 0]``; the
+    gradient goes to the members holding the minimum, split evenly among ties (``torch.amin``).
+
+    Args:
+        x: this member's tensor (real: integers or floating point).
+        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
+            calls it ``axis_name``.
+        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
+            ``with rm:``.
+
+    Returns:
+        A new tensor, the minimum, with ``x``'s shape and dtype.
+
+    Raises:
+        TypeError: ``x`` is not a tensor, or is complex, or ``mesh`` is a pure ``Mesh``.
+        UnknownAxisError: a name that is not an axis of the mesh.
+        MeshError: a name repeated, no mesh given or entered, or this rank outside the mesh.
+        VmaError: in a typed region, an operand varying over some of the axes and not the others.
+
+    Examples:
+        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
+        and types.
+
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> fm.pmin(torch.arange(6).reshape(2, 3), ("dp", "tp"), mesh=rm).shape
+        torch.Size([2, 3])
+        >>> fm.clear_cache(); dist.destroy_process_group()
+    """
     return _dispatch(PMIN, pmin, x, axis, mesh, {})
 
 
 def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Identity forward, ``psum`` backward: mark a replicated value entering ``axis``-varying compute."""
+    """Mark ``x``, the same on every member of ``axis``, as entering computation that varies over it.
+
+    The identity forward; backward, the sum of the members' cotangents (:func:`psum`, Megatron's
+    f), which is the gradient of a value every member uses. A typed ``shard_map`` region inserts
+    it where needed; outside a region, write it where a replicated value meets varying values.
+
+    Args:
+        x: this member's tensor, invariant over ``axis`` (in a typed region: typed so).
+        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
+            calls it ``axis_name``.
+        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
+            ``with rm:``.
+
+    Returns:
+        ``x``'s values as a new tensor, varying over ``axis``.
+
+    Raises:
+        TypeError: ``x`` is not a tensor, or ``mesh`` is a pure ``Mesh``.
+        UnknownAxisError: a name that is not an axis of the mesh.
+        MeshError: a name repeated, no mesh given or entered, or this rank outside the mesh.
+        VmaError: in a typed region, ``x`` already varies over one of the axes.
+
+    Examples:
+        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
+        and types.
+
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> fm.pvary(torch.ones(3, requires_grad=True), "tp", mesh=rm).shape
+        torch.Size([3])
+        >>> def body(v):
+        ...     print(fm.typeof(fm.pvary(v, "dp")))
+        ...     return v
+        >>> _ = fm.shard_map(body, mesh=rm, in_specs=fm.P("tp"), out_specs=fm.P("tp"))(torch.ones(8))
+        AxisTypes(varying=frozenset({'dp', 'tp'}))
+        >>> fm.clear_cache(); dist.destroy_process_group()
+    """
     return _dispatch(PVARY, pvary, x, axis, mesh, {})
 
 
 def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
           mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """JAX's ``pcast``: ``to="varying"`` is :func:`pvary` (the only target supported)."""
+    """JAX's ``pcast``: change how ``x`` is typed over ``axis``; ``to="varying"`` is :func:`pvary`.
+
+    Args:
+        x: this member's tensor, invariant over ``axis``.
+        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
+            calls it ``axis_name``.
+        to: the target: ``"varying"`` (the only one supported).
+        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
+            ``with rm:``.
+
+    Returns:
+        What :func:`pvary` returns.
+
+    Raises:
+        MeshError: another target, a name repeated, no mesh given or entered, or this rank
+            outside the mesh.
+        TypeError: ``x`` is not a tensor, or ``mesh`` is a pure ``Mesh``.
+        UnknownAxisError: a name that is not an axis of the mesh.
+        VmaError: in a typed region, ``x`` already varies over one of the axes.
+
+    Examples:
+        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
+        and types.
+
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> fm.pcast(torch.ones(3), ("dp", "tp"), to="varying", mesh=rm).shape
+        torch.Size([3])
+        >>> fm.clear_cache(); dist.destroy_process_group()
+    """
     return _dispatch(PCAST, pcast, x, axis, mesh, {"to": to})
+
+
+def _jax_axis_keyword(public: Callable[..., Any]) -> Callable[..., Any]:
+    """``public`` (whose second argument is ``axis``), saying what JAX's ``axis=`` keyword is here.
+
+    JAX writes ``all_gather(x, axis_name, axis=0)``; Python would refuse our version of that
+    call with "got multiple values for argument 'axis'". This wrapper names the translation
+    instead (one dict lookup per call).
+    """
+
+    @wraps(public)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if "axis" in kwargs and len(args) > 1:
+            raise TypeError(requires(public.__name__, "the mesh axis as its second argument and the gathered dim "
+                                     "as dim= (our axis is JAX's axis_name; JAX's axis= is our dim=)",
+                                     "axis", kwargs["axis"])
+                            + f"; write fm.{public.__name__}(x, {args[1]!r}, dim={kwargs['axis']!r})")
+        return public(*args, **kwargs)
+
+    return call
 
 
 def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tiled: bool = True,
                to: str = "varying", mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Every member's ``x`` along ``dim`` in mesh order: concatenated (``tiled``) or stacked at ``dim``.
+    """Every member's ``x`` along ``dim``, in mesh order: concatenated (``tiled``) or stacked.
 
-    ``to="varying"`` (the default): backward is ``psum_scatter`` (each member's cotangent may
-    differ). ``to="invariant"`` (JAX's spelling ``"invarying"`` too): the result is the same on
-    every member, so is its cotangent, and backward keeps this member's slice (no communication).
+    Four members holding ``[0]``, ``[1]``, ``[2]``, ``[3]`` each get ``[0, 1, 2, 3]``
+    (``tiled=False``: ``[[0], [1], [2], [3]]``). ``tiled=True`` is our default, JAX's is ``False``.
+    ``to="varying"``: the result varies over ``axis`` (its cotangent may differ per member), and
+    backward is :func:`psum_scatter`. ``to="invariant"`` (JAX's ``all_gather_invariant``; its
+    spelling ``"invarying"`` too): every member gets and uses the same value, invariant over
+    ``axis``, and backward keeps this member's block of the cotangent (no communication).
+
+    Args:
+        x: this member's block (every member's of the same shape).
+        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
+            calls it ``axis_name``. JAX's keyword ``axis=`` (the dim) is our ``dim=``.
+        dim: the dim to gather along (tiled: concatenated; untiled: a new dim at ``dim``).
+        tiled: concatenate (``True``) or stack (``False``).
+        to: ``"varying"`` or ``"invariant"``.
+        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
+            ``with rm:``.
+
+    Returns:
+        A new tensor: ``x`` with ``dim`` ``n`` times longer (tiled), or with a new dim of size ``n``.
+
+    Raises:
+        TypeError: ``x`` is not a tensor, ``tiled`` not a bool, ``mesh`` a pure ``Mesh``, or the
+            JAX spelling ``all_gather(x, axis_name, axis=d)`` (ours: ``all_gather(x, axis, dim=d)``).
+        MeshError: ``dim`` out of range, an unknown target, a name repeated, no mesh given or
+            entered, or this rank outside the mesh.
+        UnknownAxisError: a name that is not an axis of the mesh.
+
+    Examples:
+        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
+        and types.
+
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> x = torch.ones(2, 3)
+        >>> fm.all_gather(x, "tp", mesh=rm).shape
+        torch.Size([8, 3])
+        >>> fm.all_gather(x, ("dp", "tp"), dim=1, tiled=False, mesh=rm).shape
+        torch.Size([2, 8, 3])
+        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return _dispatch(ALL_GATHER, all_gather, x, axis, mesh, {"dim": dim, "tiled": tiled, "to": to})
 
 
+all_gather = _jax_axis_keyword(all_gather)
+
+
 def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tiled: bool = True,
                  mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Sum over ``axis`` and keep this member's block of ``dim`` (mesh order); untiled drops ``dim``."""
+    """Sum ``x`` over the members of ``axis`` and keep this member's block of ``dim`` (mesh order).
+
+    Four members each holding ``[0, 1, 2, 3]``: member ``i`` gets ``[4 * i]`` (``tiled=False``:
+    ``dim`` must have size ``n`` and is dropped, giving ``4 * i``). The transpose of
+    :func:`all_gather`: backward gathers the cotangents. The result varies over ``axis``.
+
+    Args:
+        x: this member's tensor; ``x.shape[dim]`` divisible by the members' count (untiled: equal).
+        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
+            calls it ``axis_name``.
+        dim: the dim to scatter (JAX's ``scatter_dimension``).
+        tiled: keep a block of ``dim`` (``True``, our default; JAX's is ``False``) or drop ``dim``.
+        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
+            ``with rm:``.
+
+    Returns:
+        A new tensor: ``x`` with ``dim`` ``n`` times shorter, or without ``dim`` (untiled).
+
+    Raises:
+        TypeError: ``x`` is not a tensor, ``tiled`` not a bool, or ``mesh`` a pure ``Mesh``.
+        MeshError: ``dim`` out of range or not divisible, a name repeated, no mesh given or
+            entered, or this rank outside the mesh.
+        UnknownAxisError: a name that is not an axis of the mesh.
+        VmaError: in a typed region, an operand varying over some of the axes and not the others.
+
+    Examples:
+        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
+        and types.
+
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> fm.psum_scatter(torch.ones(8, 3), "tp", mesh=rm).shape
+        torch.Size([2, 3])
+        >>> fm.psum_scatter(torch.ones(3, 8), ("dp", "tp"), dim=1, tiled=False, mesh=rm).shape
+        torch.Size([3])
+        >>> fm.clear_cache(); dist.destroy_process_group()
+    """
     return _dispatch(PSUM_SCATTER, psum_scatter, x, axis, mesh, {"dim": dim, "tiled": tiled})
 
 
 def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, concat_dim: int, *,
                tiled: bool = True, mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Split ``split_dim`` into one block per member, send block ``i`` to member ``i``, and
-    concatenate what arrives along ``concat_dim`` (mesh order). Untiled: ``split_dim`` must have
-    size ``n`` and is removed; a new ``concat_dim`` of size ``n`` stacks the arrivals."""
+    """Send block ``j`` of ``split_dim`` to member ``j``; concatenate what arrives along ``concat_dim``.
+
+    Arrivals stand in mesh order. Two members holding ``[a0, a1]`` and ``[b0, b1]`` (split and
+    concat dim 0) get ``[a0, b0]`` and ``[a1, b1]``. Untiled (JAX's default): ``split_dim`` has
+    size ``n`` and is removed, and a new ``concat_dim`` of size ``n`` stacks the arrivals. Backward
+    is the inverse exchange; the result varies over ``axis``. A tuple of axes uses its product
+    group when realized, else one exchange per axis, with the same result.
+
+    Args:
+        x: this member's tensor; ``x.shape[split_dim]`` divisible by the members' count.
+        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
+            calls it ``axis_name``.
+        split_dim: the dim cut into one block per member (JAX's ``split_axis``).
+        concat_dim: the dim the arrivals are laid along (JAX's ``concat_axis``).
+        tiled: ``True`` (our default) or ``False`` (JAX's).
+        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
+            ``with rm:``.
+
+    Returns:
+        A new tensor: ``split_dim`` ``n`` times shorter and ``concat_dim`` ``n`` times longer.
+
+    Raises:
+        TypeError: ``x`` is not a tensor, ``tiled`` not a bool, or ``mesh`` a pure ``Mesh``.
+        MeshError: a dim out of range, ``split_dim`` not divisible, a name repeated, no mesh given
+            or entered, or this rank outside the mesh.
+        UnknownAxisError: a name that is not an axis of the mesh.
+
+    Examples:
+        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
+        and types.
+
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> fm.all_to_all(torch.ones(8, 6), "tp", 0, 1, mesh=rm).shape
+        torch.Size([2, 24])
+        >>> fm.all_to_all(torch.ones(4, 6), "tp", 0, 1, tiled=False, mesh=rm).shape
+        torch.Size([6, 4])
+        >>> fm.clear_cache(); dist.destroy_process_group()
+    """
     return _dispatch(ALL_TO_ALL, all_to_all, x, axis, mesh,
                      {"split_dim": split_dim, "concat_dim": concat_dim, "tiled": tiled})
 
 
 def ragged_all_to_all(x: torch.Tensor, axis: str | Sequence[str], send_sizes: Any, recv_sizes: Any = None, *,
                       mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Send rows of ``x`` (dim 0) by split sizes: the first ``send_sizes[0]`` rows to member 0, the
-    next ``send_sizes[1]`` to member 1, and so on (member order along ``axis``: mesh order, a tuple
-    first name major). The result holds the rows received, grouped by source member in member order.
+    """Send rows of ``x`` (dim 0) by split sizes: ``send_sizes[j]`` rows to member ``j``, in order.
 
-    ``send_sizes`` and ``recv_sizes``: a sequence of ints or a 1-D integer tensor, one size per
-    member. ``recv_sizes=None``: the members exchange their counts first (one small all-to-all).
-    Backward is the same exchange with the sizes swapped. A tuple of axes needs its product group.
+    The first ``send_sizes[0]`` rows go to member 0, the next ``send_sizes[1]`` to member 1, and
+    so on (member order: mesh order, a tuple first name major). The result holds the rows
+    received, grouped by source member in member order. Backward is the same exchange with the
+    sizes swapped; the result varies over ``axis``. A tuple of axes needs its product group.
+
+    Args:
+        x: this member's rows (at least one dim).
+        axis: one mesh axis name, or a tuple of names whose product group was realized; JAX
+            calls it ``axis_name``.
+        send_sizes: a sequence of ints or a 1-D integer tensor, one size per member, summing to
+            ``x.shape[0]``.
+        recv_sizes: the same for what arrives; ``None``: the members exchange their counts first
+            (one small all-to-all; eagerly only, under torch.compile pass them as Python ints).
+        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
+            ``with rm:``.
+
+    Returns:
+        A new tensor of ``sum(recv_sizes)`` rows.
+
+    Raises:
+        TypeError: ``x`` is not a tensor, sizes not ints, or ``mesh`` a pure ``Mesh``.
+        MeshError: sizes of the wrong length, negative or not summing to ``x``'s rows, tensor sizes
+            or ``recv_sizes=None`` under torch.compile, a tuple without its product group, a name
+            repeated, no mesh given or entered, or this rank outside the mesh.
+        UnknownAxisError: a name that is not an axis of the mesh.
+
+    Examples:
+        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
+        and types.
+
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> fm.ragged_all_to_all(torch.ones(5, 3), "tp", [1, 2, 0, 2], [2, 0, 1, 1], mesh=rm).shape
+        torch.Size([4, 3])
+        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return _dispatch(RAGGED_ALL_TO_ALL, ragged_all_to_all, x, axis, mesh,
                      {"send_sizes": send_sizes, "recv_sizes": recv_sizes})
@@ -681,21 +1083,117 @@ def ragged_all_to_all(x: torch.Tensor, axis: str | Sequence[str], send_sizes: An
 
 def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int]], *,
              mesh: RealizedMesh | None = None) -> torch.Tensor:
-    """Send ``x`` from axis index ``s`` to ``d`` for each ``(s, d)`` in ``perm``; ranks that
-    receive nothing get zeros. Backward sends gradients along the inverse permutation."""
+    """Send ``x`` from member ``s`` to member ``d`` for each pair ``(s, d)`` of ``perm``.
+
+    Members are axis indices (:func:`axis_index`). A member that receives nothing gets zeros:
+    with ``perm=[(0, 1)]`` on two members holding ``a`` and ``b``, member 0 gets zeros and member
+    1 gets ``a``. Backward sends the cotangents along the inverse pairs; the result varies over
+    ``axis``. Every member must call it (and run its backward), also one that sends or receives
+    nothing.
+
+    Args:
+        x: this member's tensor.
+        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
+            calls it ``axis_name``.
+        perm: ``(source, destination)`` pairs of axis indices, each index at most once as a source
+            and once as a destination.
+        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
+            ``with rm:``.
+
+    Returns:
+        A new tensor of ``x``'s shape.
+
+    Raises:
+        TypeError: ``x`` is not a tensor, ``perm`` not pairs, or ``mesh`` a pure ``Mesh``.
+        MeshError: an index out of range or used twice, a tuple without its product group under
+            torch.compile, a name repeated, no mesh given or entered, or this rank outside the mesh.
+        UnknownAxisError: a name that is not an axis of the mesh.
+
+    Examples:
+        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
+        and types.
+
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> fm.ppermute(torch.ones(2, 3), "tp", [(i, (i + 1) % 4) for i in range(4)], mesh=rm).shape
+        torch.Size([2, 3])
+        >>> fm.clear_cache(); dist.destroy_process_group()
+    """
     return _dispatch(PPERMUTE, ppermute, x, axis, mesh, {"perm": perm})
 
 
 def axis_index(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> int:
-    """This rank's index along ``axis`` (a tuple: row-major, first axis major). No communication.
+    """This rank's index along ``axis`` (a tuple: row-major, first name major). No communication.
 
-    Inside a ``shard_map`` region it is a 0-d int32 tensor that varies over ``axis`` (as in JAX).
+    Inside a ``shard_map`` region it is a 0-d int32 tensor that varies over ``axis``, as in JAX.
+
+    Args:
+        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
+            calls it ``axis_name``.
+        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
+            ``with rm:``.
+
+    Returns:
+        An int in ``0 .. axis_size(axis) - 1`` (in a region: a 0-d int32 tensor).
+
+    Raises:
+        TypeError: ``mesh`` is a pure ``Mesh``.
+        UnknownAxisError: a name that is not an axis of the mesh.
+        MeshError: a name repeated, no mesh given or entered, or this rank outside the mesh.
+
+    Examples:
+        Rank 5 of 8 (at ``dp=1, tp=1``) under torch's fake backend, which moves no data: the examples show shapes
+        and types.
+
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> fm.axis_index("dp", mesh=rm), fm.axis_index(("dp", "tp"), mesh=rm), fm.axis_index(("tp", "dp"), mesh=rm)
+        (1, 5, 3)
+        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return _dispatch(AXIS_INDEX, axis_index, None, axis, mesh, {})
 
 
 def axis_size(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> int:
-    """The size of ``axis`` (a tuple: the product). No communication."""
+    """The size of ``axis`` (a tuple: the product of the sizes). No communication.
+
+    JAX's idiom ``psum(1, axis_name)`` for this is ``fm.axis_size(axis)`` here.
+
+    Args:
+        axis: one mesh axis name, or a tuple of names for their product; JAX calls it ``axis_name``.
+        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
+            ``with rm:``.
+
+    Returns:
+        A Python int.
+
+    Raises:
+        TypeError: ``mesh`` is a pure ``Mesh``.
+        UnknownAxisError: a name that is not an axis of the mesh.
+        MeshError: a name repeated, or no mesh given or entered.
+
+    Examples:
+        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
+        and types.
+
+        >>> import torch, torch.distributed as dist
+        >>> import functional_mesh as fm
+        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
+        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
+        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
+        >>> fm.axis_size("tp", mesh=rm), fm.axis_size(("dp", "tp"), mesh=rm)
+        (4, 8)
+        >>> with rm:
+        ...     fm.axis_size("dp")
+        2
+        >>> fm.clear_cache(); dist.destroy_process_group()
+    """
     return _dispatch(AXIS_SIZE, axis_size, None, axis, mesh, {})
 
 

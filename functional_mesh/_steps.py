@@ -46,7 +46,7 @@ from ._errors import MeshError, requires
 from ._realize_plan import check_timeout_seconds
 
 __all__ = ["CHECK_COLLECTIVES_ENV", "AllReduce", "Check", "Comm", "Exchange", "Extremum", "Gather", "Identity",
-           "Permute", "PointToPoint", "Ragged", "Scatter", "Slice", "debug_check"]
+           "Permute", "PointToPoint", "Ragged", "Scatter", "Slice", "check_off", "debug_check"]
 
 CHECK_COLLECTIVES_ENV = "FUNCTIONAL_MESH_CHECK_COLLECTIVES"
 _CHECK_MODES = {"1": "group", "group": "group", "mesh": "mesh"}  # setting -> participants
@@ -102,6 +102,15 @@ def _setting() -> str | None:
         return os.environ.get(CHECK_COLLECTIVES_ENV)
     raw = _ENVIRON.get(_ENV_KEY)
     return None if raw is None else os.environ.decodevalue(raw)
+
+
+_OFF = (b"", b"0") if _ENVIRON is not None else ("", "0")  # the settings that mean off, as the environment holds them
+
+
+def check_off() -> bool:
+    """Whether the debug check is off (unset, empty or ``0``): one environment lookup, every call's cost."""
+    raw = _ENVIRON.get(_ENV_KEY) if _ENVIRON is not None else os.environ.get(CHECK_COLLECTIVES_ENV)
+    return raw is None or raw in _OFF
 
 
 def debug_check(api: str, rm: Any, names: tuple[str, ...], traced: bool, params: Callable[[], str]) -> Check | None:

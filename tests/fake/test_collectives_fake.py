@@ -5,6 +5,8 @@ Values of real collectives are tested on gloo (tests/dist/); fake collectives ca
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -79,3 +81,22 @@ def test_ranks_outside_the_mesh_get_a_clear_error():
     finally:
         fm.clear_cache()
         dist.destroy_process_group()
+
+
+def test_jax_idioms_get_errors_that_translate_them(rm):
+    # JAX's psum(1, axis_name) is the size of the axes: here fm.axis_size, eagerly and in a region
+    psum_one = (r"`psum` requires a torch.Tensor, but got x=1; for the size of the axes \(JAX's psum\(1, "
+                r"axis_name\)\) call fm.axis_size\(axis\), a Python int")
+    with pytest.raises(TypeError, match=psum_one):
+        fm.psum(1, "tp", mesh=rm)
+    with pytest.raises(TypeError, match=psum_one):
+        fm.shard_map(lambda v: v * fm.psum(1, "tp"), mesh=rm, in_specs=fm.P("tp"), out_specs=fm.P("tp"))(torch.ones(4))
+    assert fm.axis_size("tp", mesh=rm) == 2
+    # JAX's all_gather(x, axis_name, axis=0): our axis is JAX's axis_name, JAX's axis= is our dim=
+    with pytest.raises(TypeError, match=r"`all_gather` requires the mesh axis as its second argument and the "
+                                        r"gathered dim as dim= \(our axis is JAX's axis_name; JAX's axis= is our "
+                                        r"dim=\), but got axis=1; write fm.all_gather\(x, 'tp', dim=1\)"):
+        fm.all_gather(torch.ones(2, 2), "tp", axis=1, mesh=rm)
+    # the translation keeps the signature, and axis by keyword alone is still ours
+    assert inspect.signature(fm.all_gather) == inspect.signature(fm.all_gather.__wrapped__)
+    assert fm.all_gather(torch.ones(2, 2), axis="tp", dim=1, mesh=rm).shape == (2, 4)
