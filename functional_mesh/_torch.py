@@ -249,13 +249,10 @@ def _exact_for_one_rank(pg: Any) -> bool:
 
 def _forget(pg: Any) -> None:
     """Drop a group this module made (and never handed out) from c10d's registries."""
-    cleanup = getattr(dist.distributed_c10d, "_cleanup_process_group_global_state", None)
-    if cleanup is not None:
-        cleanup(pg)
-    else:  # pragma: no cover - torch without the helper: drop what the constructor registered
-        world = dist.distributed_c10d._world
-        for registry in (world.pg_map, world.pg_names, world.pg_group_ranks, world.pg_backend_config):
-            registry.pop(pg, None)
+    dist.distributed_c10d._cleanup_process_group_global_state(pg)
+    untagged = dist.distributed_c10d._world.tags_to_pg.get("", [])  # the constructor lists every group under
+    if pg in untagged:  # "" too, which the cleanup leaves (destroy_process_group removes it)
+        untagged.remove(pg)
 
 
 # torch >= 2.12: ``new_group(sort_ranks=False)`` keeps the caller's order (group rank = position in
@@ -279,6 +276,23 @@ def group_in_order(ranks: Sequence[int], backend: str | None, *, timeout: Any, g
     name = c10d._process_group_name(list(ranks), use_hashed_name=False)
     pg = _helper_group(list(ranks), backend_name, name, timeout, group_desc, pg_options)
     return pg if isinstance(pg, dist.ProcessGroup) else None
+
+
+def local_group(ranks: Sequence[int], backend: str | None, name: str, *, timeout: Any, group_desc: str,
+                pg_options: Any) -> Any:
+    """A group of ``ranks`` (group ranks in that order) made by its members alone, named ``name``.
+
+    What ``new_group(ranks, use_local_synchronization=True)`` does, with the caller's name: torch
+    names such a group by a hash of the ranks *and of how many groups this process has
+    registered*, so members with different histories would derive different names and wait for
+    each other in the store forever. Only the members call it; their backend meets through the
+    default store under ``name/``. Private: ``_new_process_group_helper`` and
+    ``_world.pg_group_ranks``. Only ``_cache`` calls this.
+    """
+    c10d = dist.distributed_c10d
+    backend_name = dist.Backend(backend or dist.get_backend())
+    timeout = timeout if timeout is not None else c10d._get_default_timeout(backend_name)
+    return _helper_group(list(ranks), backend_name, name, timeout, group_desc, pg_options)
 
 
 def _helper_group(ranks: list[int], backend: Any, name: str, timeout: Any, desc: str, options: Any) -> Any:
@@ -409,6 +423,11 @@ torch_function_mode_active = torch._C._is_torch_function_mode_enabled
 def global_rank() -> int:
     """This process's rank in the default group."""
     return dist.get_rank()
+
+
+def world_size() -> int:
+    """The default group's size."""
+    return dist.get_world_size()
 
 
 def set_group_desc(pg: Any, desc: str) -> None:
