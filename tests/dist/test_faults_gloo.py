@@ -231,13 +231,20 @@ def realize_killed_in_new_group(rank: int, entering: Callable[[], float], victim
                                 timeout: float) -> tuple[Any, float]:
     """The divergence check passes; the victim dies inside its first new_group."""
     if rank == victim:
-        real = dist.new_group
+        from functional_mesh import _torch
+
+        real, real_in_order = dist.new_group, _torch.group_in_order
 
         def dying_new_group(*args: Any, **kwargs: Any) -> Any:
             self_kill()
             return real(*args, **kwargs)
 
+        def dying_group_in_order(*args: Any, **kwargs: Any) -> Any:
+            self_kill()
+            return real_in_order(*args, **kwargs)
+
         dist.new_group = dying_new_group  # fault injection in the victim only
+        _torch.group_in_order = dying_group_in_order  # where new_group cannot keep mesh order (torch 2.11)
     start = entering()
     world = dist.get_world_size()
     rm = fm.realize(fm.Mesh.from_ranks(list(reversed(range(world))), ("w",)), timeout=timeout, check=5)
