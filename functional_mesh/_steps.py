@@ -1,7 +1,7 @@
 """The collectives' steps: one communication each, paired with its transpose; their autograd nodes; the debug check.
 
-A step is a small immutable value (a ``NamedTuple``, the cheapest one to make per call, and a
-constant to torch.compile): its group (a ProcessGroup eagerly, the group's *name* under
+A step is a small immutable value (a ``NamedTuple``: made per call, and a constant to
+torch.compile): its group (a ProcessGroup eagerly, the group's *name* under
 torch.compile, ``None`` for a size-1 hop with no group) and plain ints. Each has ``run(x)``, the
 communication (c10d directly when the group is a ProcessGroup, torch's functional collectives
 when it is a name, through ``_torch``), and ``transpose()``, the step that carries a cotangent
@@ -19,11 +19,11 @@ torch.compile traces whole. ``max`` and ``min`` are not linear: :class:`Extremum
 pmin their gradient (to the members holding the result, ties split evenly, as ``torch.amax``).
 The records of ``_collectives`` say which steps each collective makes.
 
-Every step's result depends on the data it was given, also where a member receives nothing
-(the zeros it returns are made from what the communication returned): so a backward step
-always depends on its incoming gradient, and no partitioner can move it into the compiled
-forward on some ranks only (a compiled program must issue the same collectives in the same
-order on every rank).
+Under torch.compile every step's result depends on the data it was given, also where a member
+receives nothing (the zeros it returns are made from what the communication returned): so a
+backward step always depends on its incoming gradient, and no partitioner can move it into the
+compiled forward on some ranks only (a compiled program must issue the same collectives in the
+same order on every rank).
 
 The debug check (``FUNCTIONAL_MESH_CHECK_COLLECTIVES``, off by default) compares what the members
 of a group ask for before each step communicates; see ``_collectives``.
