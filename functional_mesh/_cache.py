@@ -11,8 +11,15 @@ reached by different paths share groups. A group's whole life is here:
   realize starts the job (:func:`init_default`);
 - lent: size-1 axes have no group; the one-rank group torch is lent for them (``rm.group``,
   ``rm.device_mesh``) is made by the first realize call that needs it (``self_group``);
+- made by its members alone: a ``members_only`` realize call makes only this rank's groups,
+  with :func:`_torch.local_group`, under a name derived from the ordered member tuple, the
+  settings and how many such groups this process made for that tuple before (never from torch's
+  process-wide group count, which differs between members with different histories);
+- adopted: a group the caller made (``realize(groups=...)``) is handed to the handle and never
+  enters the cache: it is neither destroyed nor aborted here;
 - destroyed: :func:`clear_cache`;
-- aborted: :func:`abort_all` (``fm.abort``).
+- aborted: :func:`abort_all` (``fm.abort``), or only those holding given ranks
+  (:func:`abort_holding`, ``fm.abort(ranks=...)``): every other group stays cached and is reused.
 
 ``epoch`` counts :func:`clear_cache` and :func:`abort_all` calls: a realized mesh from an older
 epoch refuses to be used, and ``ended`` says how its groups ended. Inspect the cache with
@@ -23,6 +30,7 @@ functions of ``_realize_plan.py``.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import threading
 import weakref
 from collections.abc import Sequence
@@ -37,8 +45,8 @@ from ._errors import MeshError
 from ._mesh import Mesh
 from ._realize_plan import AxisSettings, InitPlan, creation_method
 
-__all__ = ["CACHE", "CacheInfo", "Family", "GroupCache", "Realized", "Request", "abort_all", "cache_info",
-           "clear_cache", "init_default"]
+__all__ = ["CACHE", "CacheInfo", "Family", "GroupCache", "Realized", "Request", "abort_all", "abort_holding",
+           "cache_info", "clear_cache", "init_default"]
 
 _ABORT_LOCK_WAIT_S = 1.0  # abort waits this long for a realize call in progress, then goes ahead
 
@@ -70,6 +78,7 @@ class Request(NamedTuple):
     rank: int
     default_backend: str
     member: bool  # this rank is in the mesh (only a member is lent the one-rank group)
+    members_only: bool = False  # only the mesh's members called: each makes its own groups, locally
 
 
 class Family(NamedTuple):
@@ -107,7 +116,13 @@ class GroupCache:
         # torch meshes on which a product group was registered (their flattened mesh and they refer
         # to each other): (weak reference, product axes), released when the groups end
         self.flattened: list[tuple[weakref.ref, tuple[str, ...]]] = []
-        self.made = 0  # distinct member tuples made (members or not; equal on every rank)
+        # members-only groups: (members, settings key) -> this rank's group (only tuples holding it)
+        self.local: dict[tuple, Any] = {}
+        # (members, settings key) -> members-only groups this process made for it: the name's suffix.
+        # Kept for the life of the process (clear_cache and abort too): the store keeps the keys of
+        # an old group's meeting, so a new group of equal members needs a name of its own.
+        self.local_count: dict[tuple, int] = {}
+        self.made = 0  # distinct member tuples made (members or not; equal on every rank that made the same calls)
         self.hits = 0
         self.misses = 0
         # The generation of the cache: a handle made at another epoch is stale (its groups were
@@ -139,7 +154,11 @@ class GroupCache:
         (name,) = mesh.axis_names
         if mesh.size == 1:  # creation_method's "none": no lookup, no group, no communicator
             return None
-        axis_key = (mesh.axis_layout(name), mesh.device_list, request.device_type, settings.key)
+        # members-only lookups have keys of their own: a rank's members-only groups depend on the
+        # calls it took part in, so a world call must never find them (its ranks would then disagree
+        # on which groups to make, a hang)
+        axis_key = (mesh.axis_layout(name), mesh.device_list, request.device_type, settings.key,
+                    request.members_only)
         if axis_key in self.axes:  # a hit: O(1), whatever the world size
             self.hits += 1
             mine = self.axes[axis_key]
@@ -148,6 +167,11 @@ class GroupCache:
         self.misses += 1
         rows = tuple(tuple(r) for r in mesh.groups().reshape(mesh.num_groups, -1).tolist())
         try:
+            if request.members_only:
+                mine = self._local(rows, family.label, settings, request)
+                self.axes[axis_key] = mine
+                self._describe(mine, family.label)
+                return mine
             self._create(rows, family.label, settings, request)
         except RuntimeError as exc:  # c10d's DistStoreError / gloo errors: a member died or stopped
             timeout = f"{settings.timeout.total_seconds():g} s" if settings.timeout else "torch's default timeout"
@@ -196,6 +220,38 @@ class GroupCache:
             else:
                 self.created.append(pg)
             self._store(row, settings, pg, label)
+
+    def _local(self, rows: tuple[tuple[int, ...], ...], label: str, settings: AxisSettings,
+               request: Request) -> Any:
+        """This rank's group among ``rows``, made by its members alone where no group holds them yet.
+
+        A group a world call made (``self.groups``, equal on every rank) or a members-only call
+        made (``self.local``, equal on the row's members: they all took part in that call) is
+        reused. Nothing is made for rows without this rank.
+        """
+        row = next((r for r in rows if request.rank in r), None)
+        if row is None:  # pragma: no cover - realize refuses a non-member first
+            return None
+        key = (row, settings.key)
+        found = self.groups.get(key, self.local.get(key))
+        if found is not None:
+            return found
+        default = _torch.default_group()
+        if (row == tuple(range(request.world)) and settings.backend == request.default_backend.lower()
+                and settings.pg_options is None
+                and settings.timeout in (None, _torch.group_timeout(default, request.device_type))):
+            self.local[key] = default  # the whole world, in order: the default group (no call)
+            return default
+        count = self.local_count.get(key, 0)
+        self.local_count[key] = count + 1
+        digest = hashlib.sha1(repr(key).encode(), usedforsecurity=False).hexdigest()[:16]
+        pg = _torch.local_group(row, settings.backend_arg, f"functional_mesh_local_{digest}_{count}",
+                                timeout=settings.timeout, group_desc=f"mesh_{label}", pg_options=settings.pg_options)
+        self.created.append(pg)
+        self.local[key] = pg
+        self.made += 1
+        self.labels.setdefault(pg, [label])
+        return pg
 
     def _store(self, row: tuple[int, ...], settings: AxisSettings, pg: Any, label: str) -> None:
         self.groups[(row, settings.key)] = pg
@@ -253,12 +309,38 @@ class GroupCache:
                 _torch.unregister_flattened(root, axes)
         self.flattened = []
         created, self.created = self.created, []
-        self.axes, self.groups, self.labels = {}, {}, {}
+        self.axes, self.groups, self.labels, self.local = {}, {}, {}, {}
         self.self_group = None
         self.made = self.hits = self.misses = 0
         self.ended = ended
         self.epoch += 1
         return created
+
+
+    def forget_holding(self, ranks: frozenset[int], ended: str) -> list[Any]:
+        """Forget the groups whose members include one of ``ranks``, start a new epoch, and return
+        the ones realize made (the default group, when borrowed, is only forgotten).
+
+        Every other group stays, so the next realize finds it; the axis lookups are dropped (an axis
+        whose groups were partly forgotten must be looked up again, row by row, on every rank alike).
+        """
+        for ref, axes in self.flattened:  # the torch meshes belong to handles of the ending epoch
+            root = ref()
+            if root is not None:
+                _torch.unregister_flattened(root, axes)
+        self.flattened = []
+        gone = {pg for table in (self.groups, self.local) for (row, _), pg in table.items()
+                if pg is not None and not ranks.isdisjoint(row)}
+        self.groups = {k: pg for k, pg in self.groups.items() if ranks.isdisjoint(k[0])}
+        self.local = {k: pg for k, pg in self.local.items() if ranks.isdisjoint(k[0])}
+        self.axes = {}
+        aborted = [pg for pg in self.created if pg in gone]
+        self.created = [pg for pg in self.created if pg not in gone]
+        for pg in aborted:
+            self.labels.pop(pg, None)
+        self.ended = ended
+        self.epoch += 1
+        return aborted
 
 
 CACHE = GroupCache()
@@ -347,3 +429,20 @@ def abort_all() -> None:
             CACHE.lock.release()
     restart_numbering()
     _torch.abort_groups(groups)
+
+
+def abort_holding(ranks: frozenset[int]) -> int:
+    """Abort the groups realize made that hold one of ``ranks``; keep every other one (``fm.abort(ranks=...)``).
+
+    Like :func:`abort_all`: no collective call, a bounded wait for the lock, checked calls numbered
+    from 1 again, and every handle of the ending epoch is stale. Returns how many groups were aborted.
+    """
+    locked = CACHE.lock.acquire(timeout=_ABORT_LOCK_WAIT_S)
+    try:
+        groups = CACHE.forget_holding(ranks, f"abort(ranks={sorted(ranks)}) aborted or retired")
+    finally:
+        if locked:
+            CACHE.lock.release()
+    restart_numbering()
+    _torch.abort_groups(groups)
+    return len(groups)

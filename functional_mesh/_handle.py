@@ -14,20 +14,20 @@ while its groups live.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import torch
 
 from . import _torch
-from ._cache import CACHE, abort_all
+from ._cache import CACHE, abort_all, abort_holding
 from ._context import ContextStack
 from ._errors import MeshError, requires
 from ._mesh import Mesh, axes_size, axis_position, select
 from ._validate import Frozen, as_name_tuple
 
-__all__ = ["Hop", "RealizedMesh", "abort", "check_alive", "current_mesh", "hop_of", "index_along", "recall",
-           "remember", "resolve_mesh", "selected_from"]
+__all__ = ["CollectiveError", "Hop", "RealizedMesh", "abort", "check_alive", "comm_failure", "current_mesh", "hop_of", "index_along",
+           "recall", "remember", "resolve_mesh", "selected_from"]
 
 # The `with rm:` meshes: per thread/task eagerly; compiled code sees the innermost of the process.
 _CURRENT: ContextStack[RealizedMesh] = ContextStack("functional_mesh_current", shared=True)
@@ -406,14 +406,39 @@ def hop_of(rm: RealizedMesh, key: str | tuple[str, ...], api: str) -> Hop:
     return hop
 
 
+class CollectiveError(MeshError, RuntimeError):
+    """A collective whose communication failed on an fm group: the message names the axis, the
+    group's ranks and its timeout; torch's error is its ``__cause__``. A ``MeshError``, and a
+    ``RuntimeError`` as torch's own error was, so ``except RuntimeError`` still catches it."""
+
+
+def comm_failure(api: str, hop: Hop, device_type: str, exc: BaseException) -> MeshError:
+    """The error for a collective whose communication over ``hop`` failed (``exc``, torch's error).
+
+    Names the axis (or product), the group's global ranks and its timeout, so a survivor can tell
+    which axis lost a peer. Only built on failure: the success path pays for a ``try`` alone.
+    """
+    label = hop.axes[0] if len(hop.axes) == 1 else hop.axes
+    try:
+        ranks: Any = _torch.group_members(hop.pg)
+    except (RuntimeError, ValueError):  # a group torch forgot (aborted): its ranks are unknown
+        ranks = "unknown"
+    timeout = _torch.group_timeout(hop.pg, device_type) if hop.pg is not None else None
+    waited = f"{timeout.total_seconds():g} s" if timeout is not None else "its timeout"
+    return CollectiveError(f"`{api}` requires every member of axis {label!r} (group ranks {ranks}) to take part within "
+                     f"the group's timeout ({waited}), but the communication failed on rank {_torch.global_rank()}: "
+                     f"a member probably died or is stuck (docs/reliability.md: abort and re-form); torch said: "
+                     f"{type(exc).__name__}: {exc}")
+
+
 def _in_order(names: tuple[str, ...], root_names: tuple[str, ...]) -> bool:
     """True when ``names`` is a subsequence of ``root_names`` in the same order."""
     it = iter(root_names)
     return all(n in it for n in names)
 
 
-def abort(rm: RealizedMesh | None = None) -> None:
-    """Abort every process group realize made in this process, without a collective call.
+def abort(rm: RealizedMesh | None = None, *, ranks: Iterable[int] | None = None) -> None:
+    """Abort every process group realize made in this process (or those holding ``ranks``), without a collective call.
 
     For a job that lost a peer or is stuck: it returns in bounded time whatever the other ranks
     do (see docs/reliability.md). Each group is aborted (NCCL's aborts together, in one
@@ -422,12 +447,21 @@ def abort(rm: RealizedMesh | None = None) -> None:
     collective calls are numbered from 1 again, and ``realize`` makes fresh groups (after the
     job has re-formed its default group, when a peer died).
 
+    With ``ranks=`` (a partial abort, for shrinking around a dead peer) only the groups realize
+    made that hold one of ``ranks`` are aborted; every other group stays in the cache, and a
+    later ``realize`` (``members_only=True`` among the survivors) reuses it without a call on
+    it. Every realized mesh is stale all the same (realize again: a lookup for what survived).
+    Groups adopted through ``realize(groups=...)`` are never aborted.
+
     Args:
         rm: ``None``, or a realized mesh (``rm.abort()``): the same, since realized meshes share
             their groups through the cache, abort is per cache.
+        ranks: ``None`` (every group), or global ranks: abort only the groups holding one of them.
 
     Raises:
-        TypeError: ``rm`` is neither ``None`` nor a ``RealizedMesh``.
+        TypeError: ``rm`` is neither ``None`` nor a ``RealizedMesh``, or ``ranks`` is not an
+            iterable of ints.
+        MeshError: ``ranks`` is empty or holds a rank outside the world.
 
     Examples:
         >>> import torch.distributed as dist
@@ -443,8 +477,25 @@ def abort(rm: RealizedMesh | None = None) -> None:
         functional_mesh.MeshError: `RealizedMesh.group` requires a realized mesh whose groups still exist, but got RealizedMesh(Mesh(dp=2, tp=4), fake, rank 5: coordinate (1, 1)), whose groups abort() aborted; call realize(mesh) again (after re-forming the default group if a peer died)
         >>> fm.cache_info(), fm.realize(mesh).group("tp") is not None  # fresh groups
         (CacheInfo(hits=0, misses=0, groups=0), True)
+        >>> tp = fm.realize(mesh).group("tp")  # groups [0..3] and [4..7]
+        >>> fm.abort(ranks=[2])  # only what rank 2 was in goes: tp [0..3], dp [2, 6]
+        >>> fm.realize(mesh).group("tp") is tp  # this rank's tp group survived: reused
+        True
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
     if rm is not None and not isinstance(rm, RealizedMesh):
         raise TypeError(requires("abort", "rm=None or a RealizedMesh", "rm", rm))
-    abort_all()
+    if ranks is None:
+        abort_all()
+        return
+    if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Iterable):
+        raise TypeError(requires("abort", "ranks=None or an iterable of global ranks", "ranks", ranks))
+    chosen = tuple(ranks)
+    world = _torch.world_size()
+    bad = [r for r in chosen if isinstance(r, bool) or not isinstance(r, int)]
+    if bad:
+        raise TypeError(requires("abort", "ranks that are ints", "ranks", chosen))
+    if not chosen or any(not 0 <= r < world for r in chosen):
+        raise MeshError(requires("abort", f"a non-empty set of ranks of the world (0..{world - 1})", "ranks",
+                                 list(chosen)))
+    abort_holding(frozenset(chosen))

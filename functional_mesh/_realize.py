@@ -27,6 +27,10 @@ by the first realize call that needs it (a size-1 axis or product, on a member r
 rank alone, outside torch's group counter, and shared by every size-1 axis until
 :func:`clear_cache`: the handle and interop only read it, so they have no effects.
 
+With ``members_only=True`` only the mesh's ranks call it: each makes only the groups it belongs
+to, with their members alone (``_cache``'s members-only path), after a check among the members.
+Groups given with ``groups=`` are the caller's: checked, handed to the handle, never cached.
+
 This module turns the call into a request: it checks the arguments, resolves each axis's
 settings, compares the request across ranks (``_agree.py``) and hands back the handle
 (``_handle.py``). The decisions are pure functions in ``_realize_plan.py``; the groups themselves
@@ -36,6 +40,7 @@ are made, lent, destroyed and aborted by one module, ``_cache.py``.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -85,11 +90,14 @@ def realize(
     check: bool | float = True,
     products: Iterable[Sequence[str]] = (),
     axes: Iterable[str] | None = None,
+    members_only: bool = False,
+    groups: Mapping[Any, Any] | None = None,
 ) -> RealizedMesh:
     """Create (or look up) the process groups of every axis of ``mesh``; a collective call.
 
     Every rank of the default group must call it, in the same order, with an equal mesh.
     Initialises the default group from the torchrun environment when none exists.
+    With ``members_only=True`` only the mesh's ranks call it (docs/realize.md, "Members only").
 
     ``backend``, ``timeout`` and ``pg_options`` each take one value for every axis, or a
     mapping from an axis name (or a product tuple of ``products=``) to a value; an axis left out
@@ -114,6 +122,16 @@ def realize(
         axes: the axes to make groups for (default: all). An axis left out costs no process
             group; using its group later (``rm.group``, a collective, ``rm.device_mesh``) is a
             ``MeshError`` that says so. Its coordinate and size are still known.
+        members_only: ``True``: only the mesh's member ranks call it, in the same order among
+            themselves; each makes only its own groups, with its group's members alone, and the
+            check compares the request among the members. Needs an initialised default group
+            (its store is where members meet). A group any earlier call made for the same ranks
+            and settings is reused; nothing is asked of any other rank.
+        groups: ``{axis: process_group}`` (or a product tuple of ``products=`` as key): use a
+            group the caller made for that axis instead of making one, e.g. a fault-tolerant
+            trainer's managed replicate group. On a member rank it must have the axis's size and
+            hold this rank at its coordinate along the axis. realize never destroys or aborts it
+            (neither ``clear_cache`` nor ``abort`` touch it); the handle's collectives use it.
 
     Returns:
         The realized mesh: ``rm.group("tp")``, ``rm.coordinate``, ``rm.device_mesh``, ...
@@ -123,7 +141,9 @@ def realize(
         MeshError: a device of the mesh is not a rank of the world, a backend or device type is not
             available, a per-axis key names no axis (or a product not in ``products``), the ranks
             asked for different meshes or settings or one never arrived (``check``), or a member
-            died while the groups were made (within ``timeout``).
+            died while the groups were made (within ``timeout``); with ``members_only``, this rank
+            is not in the mesh or no default group exists; an adopted group's key names no realized
+            axis or product, or the group's size or this rank's position in it is not the axis's.
 
     Examples:
         One process standing in as rank 5 of 8 on torch's fake backend (a real job runs under
@@ -145,10 +165,17 @@ def realize(
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(requires("realize", "a functional_mesh.Mesh", "mesh", mesh))
+    if not isinstance(members_only, bool):
+        raise TypeError(requires("realize", "members_only=True or False", "members_only", members_only))
     wait_s = check_timeout_seconds(check, os.environ)
     products_t = product_axes(mesh, products)
     axes_t = realized_axes(mesh, axes)
     keys: list[Any] = [*axes_t, *products_t]
+    adopted = _adopted_groups(mesh, keys, groups)
+    if members_only and not dist.is_initialized():
+        raise MeshError(requires("realize", "an initialised default group for members_only=True (its store is "
+                                 "where the members meet)", "torch.distributed.is_initialized()", False)
+                        + "; call torch.distributed.init_process_group on every rank first", mesh=mesh)
     timeouts = per_axis(mesh, keys, timeout, "timeout", as_timeout)
     backends = per_axis(mesh, keys, backend, "backend", as_backend)
     options = per_axis(mesh, keys, pg_options, "pg_options", lambda v: v)
@@ -169,14 +196,30 @@ def realize(
     if mesh.device_list.max() >= world:
         raise MeshError(requires("realize", f"devices that are ranks of the world (0..{world - 1})",
                                  "largest device", mesh.device_list.max()), mesh=mesh)
-    if wait_s is not None and backend_name != "fake":
-        call = next_call("realize")  # only checked calls are numbered: unchecked lookups shift nothing
-        request = describe_request(mesh, device_type, settings, products_t, axes_t)
-        _check_same_request(call, request, rank, world, wait_s)
+    member = mesh.coordinate(rank) is not None
+    if members_only and not member:
+        raise MeshError(requires("realize", "members_only=True to be called by ranks of the mesh only", "rank",
+                                 rank, f"devices {mesh.device_list.describe()}"), mesh=mesh)
     families = [Family(name, mesh[name], settings[name]) for name in axes_t]
     families += [Family(axes, mesh[axes].flatten(name="product"), settings[axes]) for axes in products_t]
-    got = CACHE.realize_groups(families, Request(device_type, world, rank, default_backend,
-                                                 mesh.coordinate(rank) is not None))
+    if member:
+        for family in families:
+            if family.key in adopted:
+                _check_adopted(mesh, family, adopted[family.key], rank)
+    if wait_s is not None and backend_name != "fake":
+        request = describe_request(mesh, device_type, settings, products_t, axes_t, tuple(adopted))
+        if members_only:
+            _check_same_request_among(mesh, request, rank, wait_s)
+        else:
+            call = next_call("realize")  # only checked calls are numbered: unchecked lookups shift nothing
+            _check_same_request(call, request, rank, world, wait_s)
+    got = CACHE.realize_groups([f for f in families if f.key not in adopted],
+                               Request(device_type, world, rank, default_backend, member, members_only))
+    for family in families:
+        if family.key in adopted:
+            got.groups[family.key] = adopted[family.key] if member else None
+            got.made[family.key] = 0
+    got.groups.update({f.key: got.groups.pop(f.key) for f in families})  # mesh order, adopted ones too
     level = logging.INFO if rank == 0 else logging.DEBUG  # the lines are equal on every rank
     if _LOG.isEnabledFor(level):
         for line in axis_report(mesh, [(f.key, f.mesh, got.made[f.key]) for f in families],
@@ -196,6 +239,42 @@ def _check_available(device_type: str, backend_name: str, backend_arg: str | Non
         raise MeshError(requires("realize", "a backend available in this torch build", "backend", backend_arg, valid))
 
 
+def _adopted_groups(mesh: Mesh, keys: Sequence[Any], groups: Mapping[Any, Any] | None) -> dict[Any, Any]:
+    """``groups=`` checked: each key one of the realized axes or products, each value a ProcessGroup."""
+    if groups is None:
+        return {}
+    if not isinstance(groups, Mapping):
+        raise TypeError(requires("realize", "groups=None or a mapping from an axis name (or a product tuple) "
+                                 "to a ProcessGroup", "groups", groups))
+    out: dict[Any, Any] = {}
+    for raw, pg in groups.items():
+        key = raw if isinstance(raw, str) else (tuple(raw) if isinstance(raw, (tuple, list)) else raw)
+        if isinstance(key, tuple) and len(key) == 1:
+            key = key[0]
+        if key not in keys:
+            raise MeshError(requires("realize", "groups= keys that are realized axes or products passed in "
+                                     "products=", "groups key", raw, tuple(keys)), mesh=mesh)
+        if not isinstance(pg, dist.ProcessGroup):
+            raise TypeError(requires("realize", "a torch.distributed ProcessGroup for each groups= entry",
+                                     f"groups[{raw!r}]", pg))
+        out[key] = pg
+    return out
+
+
+def _check_adopted(mesh: Mesh, family: Family, pg: Any, rank: int) -> None:
+    """An adopted group must have the axis's size and hold this rank at its coordinate along it."""
+    size = family.mesh.size
+    (position,) = family.mesh.coordinate(rank)
+    label = family.key if isinstance(family.key, str) else "×".join(family.key)
+    if pg.size() != size:
+        raise MeshError(requires("realize", f"an adopted group of axis {label!r}'s size", f"groups[{family.key!r}]",
+                                 f"a group of size {pg.size()}", size), mesh=mesh)
+    if pg.rank() != position:
+        raise MeshError(requires("realize", f"an adopted group that holds rank {rank} at its coordinate along "
+                                 f"{label!r}", f"groups[{family.key!r}]",
+                                 f"a group where rank {rank} is group rank {pg.rank()}", position), mesh=mesh)
+
+
 # -- divergence check (the agreement itself lives in _agree.py) ----------------------------------
 
 
@@ -203,5 +282,15 @@ def _check_same_request(call: int, request: str, rank: int, world: int, wait_s: 
     """realize's check: the whole world, led by rank 0, compares the request of call ``call``."""
     agree("realize", "every rank to call it with an equal mesh", f"realize call #{call}",
           f"{_STORE_PREFIX}/{call}", range(world), rank, request, wait_s)
+
+
+def _check_same_request_among(mesh: Mesh, request: str, rank: int, wait_s: float) -> None:
+    """members_only's check: the mesh's ranks alone, led by the smallest, keyed by the member set
+    (its calls numbered apart from every other set's), so disjoint meshes check at once."""
+    members = sorted(int(r) for r in mesh.devices.reshape(-1).tolist())
+    space = "realize:" + hashlib.sha1(",".join(map(str, members)).encode(), usedforsecurity=False).hexdigest()[:16]
+    call = next_call(space)
+    agree("realize", "every member to call it with an equal mesh", f"members-only realize call #{call}",
+          f"{_STORE_PREFIX}/{space}/{call}", members, rank, request, wait_s)
 
 

@@ -292,7 +292,7 @@ def realized_axes(mesh: Mesh, axes: Iterable[str] | None) -> tuple[str, ...]:
 
 
 def describe_request(mesh: Mesh, device_type: str, settings: Mapping[Any, AxisSettings], products: tuple,
-                     axes: tuple[str, ...] | None = None) -> str:
+                     axes: tuple[str, ...] | None = None, adopted: tuple = ()) -> str:
     """The text every rank compares before a realize call (the divergence check)."""
     layouts = ",".join(f"{n}={mesh.axis_layout(n)}" for n in mesh.axis_names)
     described = {s.describe() for s in settings.values()}
@@ -305,4 +305,6 @@ def describe_request(mesh: Mesh, device_type: str, settings: Mapping[Any, AxisSe
             f"{setting} products={products}")
     if axes is not None and axes != mesh.axis_names:
         text += f" axes={axes}"
+    if adopted:  # keys whose groups the caller made (realize(groups=...)): the groups themselves are local
+        text += f" adopted={adopted}"
     return text

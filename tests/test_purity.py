@@ -12,7 +12,7 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "functional_mesh"
 GROUP_CREATION = re.compile(r"\b(new_group|split_group|init_process_group|new_subgroups|one_rank_group|"
-                            r"group_in_order|_new_process_group_helper)\b")
+                            r"group_in_order|local_group|_new_process_group_helper)\b")
 
 
 def _group_creating_calls(path: pathlib.Path) -> list[str]:
