@@ -58,7 +58,8 @@ from . import _steps as S
 from . import _torch, _vma
 from ._context import ContextStack
 from ._errors import MeshError, requires
-from ._handle import Hop, RealizedMesh, check_alive, hop_of, index_along, recall, remember, resolve_mesh
+from ._handle import (Hop, RealizedMesh, check_alive, comm_failure, hop_of, index_along, recall, remember,
+                      resolve_mesh)
 from ._mesh import axes_size, axis_position
 from ._validate import as_bool, as_dim, as_int, as_name_tuple, check_unique
 
@@ -283,9 +284,14 @@ def _apply(call: Call, check: S.Check | None, x: torch.Tensor, step: Any, hop: H
     the step with its transpose.
     """
     bound = partial(check, axes=hop.axes, group=hop.pg) if check is not None and hop.size > 1 else None
-    if call.traced or bound is not None or (x.requires_grad and torch.is_grad_enabled() and not step.grad_by_torch):
+    if call.traced:
         return S.Comm.apply(x, step, bound)
-    return step.run(x)
+    try:  # eagerly, a failed communication names its axis, group and timeout (torch's error chained)
+        if bound is not None or (x.requires_grad and torch.is_grad_enabled() and not step.grad_by_torch):
+            return S.Comm.apply(x, step, bound)
+        return step.run(x)
+    except RuntimeError as exc:
+        raise comm_failure(call.api, hop, x.device.type, exc) from exc
 
 
 # -- the records: each collective's parameters, communication and rules ------------------------------

@@ -441,7 +441,10 @@ def test_a_rank_killed_inside_a_world_psum_fails_the_others_within_the_default_g
     failed = survivors_failed(w, within=5 + MARGIN_S, since="kill")
     assert [r.rank for r in failed] == [0, 2], [r.describe() for r in w.reports.values()]
     for r in failed:
-        assert r.error_type == "builtins.RuntimeError" and re.search(GLOO_PEER_GONE, r.message), r.describe()
+        # a MeshError naming the axis (also a RuntimeError, as torch's was), torch's words kept
+        assert r.error_type == "functional_mesh._handle.CollectiveError" and re.search(GLOO_PEER_GONE, r.message), \
+            r.describe()
+        assert "axis 'w' (group ranks [0, 1, 2])" in r.message, r.describe()
 
 
 def test_a_stuck_rank_fails_psums_after_the_timeout_of_their_group_not_before():
@@ -456,7 +459,7 @@ def test_a_stuck_rank_fails_psums_after_the_timeout_of_their_group_not_before():
     for r in w.reports.values():
         assert r.ok, r.describe()
         (kind1, msg1, s1), (kind2, msg2, s2), (kind3, msg3, s3) = r.value
-        assert kind1 == kind2 == kind3 == "RuntimeError", r.value
+        assert kind1 == kind2 == kind3 == "CollectiveError", r.value
         assert "Timed out waiting 1500ms" in msg1 and 1.5 - 0.3 <= s1 <= 1.5 + MARGIN_S, (msg1, s1)
         assert "Timed out waiting 3000ms" in msg2 and 3 - 0.3 <= s2 <= 3 + MARGIN_S, (msg2, s2)
         assert "Timed out waiting 1500ms" in msg3 and 1.5 - 0.3 <= s3 <= 1.5 + MARGIN_S, (msg3, s3)
@@ -473,12 +476,15 @@ def test_per_axis_timeouts_bound_each_axis_and_abort_returns_at_once():
     for r in w.reports.values():
         assert r.ok, r.describe()
     outcome = {r: {a: w.reports[r].value[a][0] for a in ("dp", "tp")} for r in (0, 1, 2)}
-    assert outcome == {0: {"dp": "ok", "tp": "ok"}, 1: {"dp": "RuntimeError", "tp": "ok"},
-                       2: {"dp": "ok", "tp": "RuntimeError"}}, outcome
+    assert outcome == {0: {"dp": "ok", "tp": "ok"}, 1: {"dp": "CollectiveError", "tp": "ok"},
+                       2: {"dp": "ok", "tp": "CollectiveError"}}, outcome
     _, msg, s = w.reports[1].value["dp"]
     assert "Timed out waiting 2000ms" in msg and 2 - 0.3 <= s <= 2 + MARGIN_S, (msg, s)
+    # the survivor can tell which axis failed: its name, the group's ranks and the timeout
+    assert "`psum` requires every member of axis 'dp' (group ranks [1, 3])" in msg and "(2 s)" in msg, msg
     _, msg, s = w.reports[2].value["tp"]
     assert "Timed out waiting 4000ms" in msg and 4 - 0.3 <= s <= 4 + MARGIN_S, (msg, s)
+    assert "axis 'tp' (group ranks [2, 3])" in msg and "(4 s)" in msg, msg
     for r in w.reports.values():
         aborted = r.value["abort"]
         assert aborted["seconds"] < 1.0, aborted  # bounded: no collective, no wait on the stuck peer
@@ -494,7 +500,7 @@ def test_survivors_of_a_lost_replica_abort_reform_and_match_a_run_that_started_s
     for r in w.reports.values():
         assert r.ok, r.describe()
         out = r.value
-        assert out["step2"].startswith("RuntimeError") and re.search(GLOO_PEER_GONE, out["step2"]), out["step2"]
+        assert out["step2"].startswith("CollectiveError") and re.search(GLOO_PEER_GONE, out["step2"]), out["step2"]
         assert out["detect_s"] <= timeout + MARGIN_S, out["detect_s"]  # within the axis timeout
         assert out["abort"]["seconds"] < 1.0 and out["abort"]["cache"] == (0, 0, 0), out["abort"]
         assert "whose groups abort() aborted" in out["abort"]["error"]
