@@ -53,6 +53,7 @@ CASES = [
     ("ddp_axis.py", [], ["ddp over dp matches the single-process run to 1e-05"]),
     ("pipeline_ring.py", [], ["pipeline ring matches the single-process composition to 1e-05"]),
     ("shard_map_mlp.py", [], ["losses and final weights match a single process to 1e-05 on every rank"]),
+    ("rl_disjoint.py", [], ["realized members-only; generator's copy equals the trainer's weights"]),
 ]
 LAUNCHED = ("two_d_setup.py", [], ["groups and all-reduce results identical on every rank"])
 
