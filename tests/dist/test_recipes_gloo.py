@@ -4,7 +4,8 @@
   ``# torchrun --nproc_per_node=8`` runs on every rank; the blocks check their own results with
   ``assert`` (the recipes: a block you already hold entering a region through
   ``DTensor.from_local``; a fixed-capacity mixture of experts over ``fm.all_to_all`` against one
-  process, outputs and gradients).
+  process, outputs and gradients; a GPipe pipeline over partial ``fm.ppermute`` shifts, typed and
+  eager, against one process).
 - Our column of docs/migration_jax.md's "Same program, same numbers" runs inside a typed region on
   the (4, 2) mesh and must give the types and per-rank values the page states (the JAX column of
   the same table runs in JAX: tests/test_docs_migration_jax.py).
@@ -48,7 +49,7 @@ def numbers_on_this_rank(exprs: list[str]) -> dict:
 
 
 def test_the_pages_hold_the_blocks_this_module_runs():
-    assert [page for page, _, _ in BLOCKS].count("recipes.md") == 2
+    assert [page for page, _, _ in BLOCKS].count("recipes.md") == 4  # a held shard, MoE, two pipelines
     assert [page for page, _, _ in BLOCKS].count("migration_jax.md") >= 1
     assert [page for page, _, _ in BLOCKS].count("api.md") >= 1
 
