@@ -31,7 +31,9 @@ sends nothing, and the first drops what it receives), a per-coordinate program (
 with a partial ``ppermute``), ragged exchanges with zero sizes that differ by rank, the MoE layer
 of examples/moe_ep.py compiled with its per-rank plan, every collective of
 tests/dist/test_compile_gloo.py (one axis, tuples, product groups) and its shard_map programs, and
-the DTensor boundaries of tests/dist/test_compile_dtensor_gloo.py.
+the DTensor boundaries of tests/dist/test_compile_dtensor_gloo.py. And torch's FSDP2 with tensor
+parallel on the meshes of one realized family, compiled with FSDP2's graph breaks: trained two
+steps against one process, its graphs recorded as they compile and compared across ranks.
 """
 
 from __future__ import annotations
@@ -632,3 +634,66 @@ def test_gpipe_region_equals_one_process(w4):
     for res in w4.run(gpipe_vs_one_process, 4, 1, None, timeout=120) + \
             w4.run(gpipe_vs_one_process, 4, 1, "aot_eager", timeout=300):
         assert max(res["loss"], res["ws"], res["xs"]) < 1e-10, res
+
+
+# -- FSDP2 + tensor parallel, compiled ------------------------------------------------------------------
+#
+# torch's own FSDP2 and TP on meshes of one realized family, the model compiled (FSDP2's hooks break the
+# graph: no fullgraph): two SGD steps equal one process, and every rank's graphs make the same calls.
+
+FSDP_BATCH, FSDP_LR, FSDP_STEPS = 8, 0.1, 2
+
+
+def _fsdp_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+
+
+def _fsdp_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(FSDP_BATCH, 4, generator=g), torch.randn(FSDP_BATCH, 4, generator=g)
+
+
+def fsdp_tp_compiled(backend: str) -> dict:
+    """(dp, tp) = (2, 2): TP (colwise, rowwise) over tp, FSDP2 over dp, compiled; against one process."""
+    import warnings
+
+    import torch._dynamo as dynamo
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    rm = _realize((2, 2), ("dp", "tp"))
+    model = _fsdp_model()
+    parallelize_module(model, rm["tp"].device_mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=rm["dp"].device_mesh)
+    recorder = Recorder(backend, group_labels(rm, rm["tp"], rm["dp"]), run=True)
+    dynamo.reset()
+    compiled = torch.compile(model, backend=recorder)
+    opt = torch.optim.SGD(model.parameters(), lr=FSDP_LR)
+    x, y = _fsdp_batch()
+    i, n = rm.local_rank("dp"), 2
+    rows = slice(i * FSDP_BATCH // n, (i + 1) * FSDP_BATCH // n)
+    for _ in range(FSDP_STEPS):
+        torch.nn.functional.mse_loss(compiled(x[rows]), y[rows]).backward()
+        opt.step()
+        opt.zero_grad()
+    params = [p.full_tensor() for p in model.parameters()]
+    dynamo.reset()
+    ref = _fsdp_model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=FSDP_LR)
+    for _ in range(FSDP_STEPS):
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    return {"max_diff": max((a - b).abs().max().item() for a, b in zip(params, ref.parameters(), strict=True)),
+            "graphs": recorder.graphs, "members": {}}
+
+
+@pytest.mark.timeout(600)
+def test_fsdp2_and_tp_compiled_train_like_one_process_with_the_same_calls_on_every_rank(w4):
+    results = w4.run(fsdp_tp_compiled, "aot_eager", timeout=500)
+    for rank, res in enumerate(results):
+        assert res["max_diff"] < 1e-5, (rank, res["max_diff"])
+    assert results[0]["graphs"], "no graph was compiled"
+    assert mismatches(results) == []
