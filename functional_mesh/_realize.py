@@ -68,6 +68,7 @@ from ._realize_plan import (
     realized_axes,
     resolve_backend,
 )
+from ._torch import can_split, default_group
 
 __all__ = ["realize"]
 
@@ -192,6 +193,13 @@ def realize(
         _, name, arg = resolve_backend(default_backend, device_type, backends[key], cuda)
         _check_available(device_type, name, arg)
         settings[key] = AxisSettings(name, arg, timeouts[key], options[key], describe_options(options[key]))
+    if members_only and any(s.backend == "nccl" for s in settings.values()) and can_split(default_group()):
+        # torch makes an NCCL group under a device-bound default group by ncclCommSplit of the default
+        # communicator, a call of every rank of the world: members alone would hang there
+        raise MeshError(requires("realize", "members_only=True without NCCL groups split from a device-bound "
+                                 "default group (a split is a call of every rank)", "backend", "nccl",
+                                 "backend='gloo' for these axes, or a default NCCL group started without device_id"),
+                        mesh=mesh)
     world, rank = dist.get_world_size(), dist.get_rank()
     if mesh.device_list.max() >= world:
         raise MeshError(requires("realize", f"devices that are ranks of the world (0..{world - 1})",
