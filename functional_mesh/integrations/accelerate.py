@@ -226,9 +226,25 @@ def _rename_flattened(dm: Any, plan: Plan) -> None:
     named = {}
     for name, dims in plan.flattened.items():
         source = dm[dims[0]] if len(dims) == 1 else made["_".join(dims)]
-        flat = DeviceMesh(dm.device_type, _layout=source._layout, _rank_map=dm._rank_map, mesh_dim_names=(name,),
+        layout = _flat_layout(source._layout) if len(dims) == 1 else source._layout
+        flat = DeviceMesh(dm.device_type, _layout=layout, _rank_map=dm._rank_map, mesh_dim_names=(name,),
                           _root_mesh=dm, _init_backend=False)
         flat._dim_group_names = list(source._dim_group_names)
         named[name] = flat
     made.clear()
     made.update(named)
+
+
+def _flat_layout(layout: Any) -> Any:
+    """The layout torch's ``_flatten`` gives a mesh of ``layout`` (torch-private ``_MeshLayout``, feature-detected).
+
+    torch >= 2.13: one collapsed flat layout in a list; torch 2.11 and 2.12: ``coalesce()``, nested when
+    it keeps several modes. A flattened dim of one dim needs it: its sliced layout (shape ``(n,)``,
+    stride ``(s,)``) is not what ``_flatten`` makes on 2.11/2.12 (``n:s``), and their ``DeviceMesh``
+    refuses to slice a flattened dim whose stride is not an int ("only allows slicing out a
+    contiguous flattened dim").
+    """
+    if hasattr(layout, "collapse"):
+        return type(layout)([layout.collapse()])
+    flat = layout.coalesce()
+    return flat.nest() if len(flat) > 1 else flat

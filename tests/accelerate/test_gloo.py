@@ -15,12 +15,38 @@ WORKER = Path(__file__).resolve().parent / "_gloo_worker.py"
 ROOT = WORKER.parent.parent.parent
 
 
-@pytest.fixture(scope="module")
-def results() -> list[str]:
+def launch(worker: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``worker`` on 8 gloo workers under torchrun; a failed launch fails the test with the workers' own error."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8",
-                           str(WORKER)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=540)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+                           str(worker), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(failure(proc), pytrace=False)
+    return proc
+
+
+def failure(proc: subprocess.CompletedProcess) -> str:
+    """What a failed torchrun launch shows: the first worker traceback in its stderr, then the stderr's tail.
+
+    torchrun prefixes each worker's stderr line with ``[rank<r>]:`` and ends with its own summary (which
+    names only the exit codes); the workers' tracebacks come before it.
+    """
+    lines = [line for line in proc.stderr.splitlines() if not line.startswith(("[W", "W1", "I1"))]
+    start = next((i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line), None)
+    if start is not None:
+        prefix = lines[start].split("Traceback", 1)[0]
+        end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(prefix)), len(lines))
+        first = "\n".join(lines[start:end][-60:])
+    else:
+        first = "(no traceback in the workers' stderr)"
+    return (f"torchrun exited {proc.returncode}: {' '.join(map(str, proc.args[3:]))}\n"
+            f"--- the first worker traceback ---\n{first}\n--- stderr, last 20 lines ---\n"
+            + "\n".join(lines[-20:]) + f"\n--- stdout, last 20 lines ---\n" + "\n".join(proc.stdout.splitlines()[-20:]))
+
+
+@pytest.fixture(scope="module")
+def results() -> list[str]:
+    proc = launch(WORKER, timeout=540)
     lines = [line.removeprefix("RESULT ") for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     print("\n" + "\n".join(lines))
     return lines
@@ -47,11 +73,7 @@ def test_hsdp_training_is_bit_identical_on_both_meshes(results):
 
 def accelerator_run(which: str) -> dict[tuple[int, int], tuple[str, str, str]]:
     """``{(rank, step): (groups, loss, grad_norm)}`` of tests/accelerate/_accelerator_worker.py on 8 workers."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    worker = WORKER.parent / "_accelerator_worker.py"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8",
-                           str(worker), which], env=env, cwd=ROOT, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    proc = launch(WORKER.parent / "_accelerator_worker.py", which, timeout=400)
     out = {}
     for line in proc.stdout.replace("RESULT ", "\nRESULT ").splitlines():
         if line.startswith("RESULT "):

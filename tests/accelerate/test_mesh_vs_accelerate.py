@@ -79,6 +79,9 @@ def describe(dm) -> dict:
                         else [dist.get_rank()], dm.get_local_rank(n) if n in dm.mesh_dim_names else dm[n].get_local_rank())
                     for n in names},
         "fsdp": dm[tuple(n for n in ("dp_replicate", "dp_shard_cp") if n in names)].mesh.tolist(),
+        # private: each flattened dim's layout, as torch's own _flatten computes it (torch 2.11/2.12 refuse to
+        # slice a flattened dim whose layout is not theirs: "only allows slicing out a contiguous flattened dim")
+        "flat_layouts": {n: str(dm._flatten_mapping[n]._layout) for n in sorted(dm._flatten_mapping)},
     }
 
 
