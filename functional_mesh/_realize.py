@@ -227,7 +227,9 @@ def realize(
         if family.key in adopted:
             got.groups[family.key] = adopted[family.key] if member else None
             got.made[family.key] = 0
-    got.groups.update({f.key: got.groups.pop(f.key) for f in families})  # mesh order, adopted ones too
+    ordered = {f.key: got.groups[f.key] for f in families}  # mesh order, adopted ones too (a product given
+    got.groups.clear()                                      # twice is one key)
+    got.groups.update(ordered)
     level = logging.INFO if rank == 0 else logging.DEBUG  # the lines are equal on every rank
     if _LOG.isEnabledFor(level):
         for line in axis_report(mesh, [(f.key, f.mesh, got.made[f.key]) for f in families],

@@ -351,6 +351,10 @@ FIXED_BUGS.update({
     "realize-device-type-unhashable": bad(
         "realize(device_type=['cpu']) raises TypeError 'unhashable type: list', not naming the value",
         _realize_bug({"device_type": ["cpu"]}), ["cpu"]),
+    "realize-product-twice": valid(
+        "realize(products=[('w',), ('w',)]) raised KeyError: the result's groups were put in mesh order by "
+        "popping each family's key, and a product given twice popped it twice",
+        _gloo_bug({"products": [("w",), ("w",)]})),
     "collective-0d-tensor": bad(
         "all_gather / psum_scatter / all_to_all of a 0-d tensor (tiled) raise IndexError",
         _collective_bug("all_gather", "0-d", "tp"), 0, Shown("0-d")),
