@@ -30,7 +30,7 @@ GPipe pipelines of 2 and 4 stages (partial shifts: the first stage receives noth
 sends nothing, and the first drops what it receives), a per-coordinate program (``axis_index``
 with a partial ``ppermute``), ragged exchanges with zero sizes that differ by rank, the MoE layer
 of examples/moe_ep.py compiled with its per-rank plan, every collective of
-tests/dist/test_compile_gloo.py (one axis, tuples, product groups) and its shard_map programs, and
+tests/dist/test_compile_gloo.py (one axis, tuples, product groups, size-1 axes) and its shard_map programs, and
 the DTensor boundaries of tests/dist/test_compile_dtensor_gloo.py. And torch's FSDP2 with tensor
 parallel on the meshes of one realized family, compiled with FSDP2's graph breaks: trained two
 steps against one process, its graphs recorded as they compile and compared across ranks.
@@ -360,11 +360,12 @@ def moe_layer() -> tuple:
     return f, tuple(t.requires_grad_() for t in (x, r, w1, w2)), [rm]
 
 
-def collective_case(name: str, products: bool) -> tuple:
-    """One collective of tests/dist/test_compile_gloo.py on a (2, 2) mesh, per axis or with its product."""
+def collective_case(name: str, products: bool, sizes: tuple[int, int] = (2, 2)) -> tuple:
+    """One collective of tests/dist/test_compile_gloo.py on a (2, 2) mesh (or ``sizes``), per axis or with
+    its product."""
     from tests.dist.test_compile_gloo import CASES
 
-    rm = _realize((2, 2), ("a", "b"), **({"products": [("a", "b")]} if products else {}))
+    rm = _realize(sizes, ("a", "b"), **({"products": [("a", "b")]} if products else {}))
     x = torch.arange(16.0, dtype=torch.float64).reshape(4, 4).requires_grad_()
     fn = CASES[name]
     return (lambda t: _under(rm, fn, t)), (x,), [rm]
@@ -419,10 +420,12 @@ def _programs_4() -> dict[str, Callable[[], tuple]]:
         "moe_ep layer": moe_layer,
     }
     for name in CASES:  # with its product group where it has a tuple of axes
-        if name not in SIZE1_CASES:
-            programs[f"collective {name}"] = lambda n=name: collective_case(n, False)
-            if "tuple" in name or name == "axis_index and axis_size":
-                programs[f"collective {name}, products"] = lambda n=name: collective_case(n, True)
+        if name in SIZE1_CASES:  # on the (4, 1) mesh those cases are written for
+            programs[f"collective {name}"] = lambda n=name: collective_case(n, False, (4, 1))
+            continue
+        programs[f"collective {name}"] = lambda n=name: collective_case(n, False)
+        if "tuple" in name or name == "axis_index and axis_size":
+            programs[f"collective {name}, products"] = lambda n=name: collective_case(n, True)
     for name in SHARD_MAP_PROGRAMS:
         for check_vma in (True, False):
             programs[f"shard_map {name}{'' if check_vma else ' untyped'}"] = \
