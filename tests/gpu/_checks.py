@@ -2,12 +2,20 @@
 
     python3 -m torch.distributed.run --standalone --nproc_per_node=N tests/gpu/_checks.py CASE
 
-CASE is one of :data:`CASES`. Each check computes its expected values in this process, with plain
-torch on full tensors (one process), and compares the distributed result with them. Rank 0 prints
-one line per check, ``CHECK <case>/<name> PASS|FAIL|SKIP <what was measured>``, as soon as every
-rank has finished it (the ranks agree on the outcome over the default group, so one failing rank
-fails the check everywhere and the ranks stay in step). Needs only torch and this repository on
-``PYTHONPATH``: no pytest, no network.
+    python3 -m torch.distributed.run --standalone --nproc_per_node=N tests/gpu/_checks.py CASE dtensor,abort
+
+CASE is one of :data:`CASES`; the optional second argument names the checks to run (the mesh is
+realized first in any case). Each check computes its expected values in this process, with plain
+torch on full tensors (one process), and compares the distributed result with them. Before each
+check every rank prints ``START <case>/<name> rank <r>`` (flushed: a process that dies in the
+check, a segfault say, leaves that line as the last word about it), and rank 0 prints one line
+per check, ``CHECK <case>/<name> PASS|FAIL|SKIP <what was measured>``, as soon as every rank has
+finished it (the ranks agree on the outcome over the default group, so one failing rank fails the
+check everywhere and the ranks stay in step). A fatal signal prints every thread's Python stack
+(``faulthandler``). Needs only torch and this repository on ``PYTHONPATH``: no pytest, no network.
+
+``FM_GPU_SMOKE_CRASH=<check>`` makes rank 1 kill itself with SIGSEGV as that check starts: how
+``tests/gpu/test_gpu_smoke.py`` shows that a crash in one check hides none of the others.
 
 The case picks the backend and device: ``nccl-1`` (one process, NCCL, cuda:0), ``gloo-cuda`` (several
 processes on gloo, CUDA tensors, all on the current GPU), ``nccl-multi`` (one process per GPU, NCCL),
@@ -18,7 +26,9 @@ and ``gloo-cpu`` (the same checks on CPU tensors: the rehearsal that runs withou
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
+import signal
 import sys
 import time
 import traceback
@@ -252,11 +262,7 @@ def check_compile_collectives(ctx: Ctx) -> str:
     t0 = time.perf_counter()
     x = xs[ctx.rank].to(dev).requires_grad_()
     with rm:  # the mesh of the collectives: the one entered (a RealizedMesh is no constant of a trace)
-        try:
-            out = torch.compile(f, backend=_compile_backend(ctx), fullgraph=True)(x)
-        except Exception as exc:  # noqa: BLE001 - only dynamo's refusal to trace is a skip
-            _skip_if_dynamo_refuses(exc, "collectives")
-            raise
+        out = torch.compile(f, backend=_compile_backend(ctx), fullgraph=True)(x)
     out.sum().backward()
     first = time.perf_counter() - t0
     ref = [t.detach().clone().requires_grad_() for t in xs]
@@ -272,13 +278,12 @@ def check_compile_collectives(ctx: Ctx) -> str:
 
 def check_compile(ctx: Ctx) -> str:
     t0 = time.perf_counter()
-    try:  # can this torch's dynamo trace a region at all? (feature detection, on a trivial region)
-        probe = fm.shard_map(lambda x: fm.psum(x, "tp"), in_specs=P(), out_specs=P(), mesh=ctx.rm)
-        torch.compile(probe, backend="eager", fullgraph=True)(torch.ones(2, device=ctx.device))
-    except Exception as exc:  # noqa: BLE001 - only dynamo's refusal to trace is a skip
-        _skip_if_dynamo_refuses(exc, "a shard_map region")
+    try:
+        err, backend = _region_vs_one_process(ctx, compiled=True)
+    except fm.MeshError as exc:  # torch < 2.13: shard_map refuses a compiled region, naming the version
+        if "requires torch >= 2.13" in str(exc) and _torch_before(2, 13):
+            raise Skip(f"as documented for torch {torch.__version__}: MeshError: {str(exc)[:150]}...") from exc
         raise
-    err, backend = _region_vs_one_process(ctx, compiled=True)
     return (f"torch.compile(shard_map region, backend={backend}, fullgraph=True), forward and backward: "
             f"max diff vs one process {err:.2g}, first call {time.perf_counter() - t0:.1f} s")
 
@@ -287,11 +292,8 @@ class Skip(Exception):
     """A check that cannot run here, with the reason."""
 
 
-def _skip_if_dynamo_refuses(exc: Exception, what: str) -> None:
-    """A ``Skip`` when ``exc`` is dynamo refusing to trace (torch 2.11/2.12); other errors stay failures."""
-    if type(exc).__module__.startswith("torch._dynamo"):
-        raise Skip(f"this torch's dynamo cannot trace {what} ({type(exc).__name__}: "
-                   f"{str(exc).splitlines()[0][:160]}); both compile from torch 2.13") from exc
+def _torch_before(major: int, minor: int) -> bool:
+    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (major, minor)
 
 
 def check_dtensor(ctx: Ctx) -> str:
@@ -364,12 +366,19 @@ def check_abort(ctx: Ctx) -> str:
     return f"abort returned in {took * 1e3:.1f} ms, old handle raises MeshError, realize again + psum: exact"
 
 
-# compile_collectives runs before any DTensor or region: on torch 2.11 and 2.12, dynamo cannot trace our
-# collectives any more once an eager shard_map region ran in the process (a hashed object it refuses)
-CHECKS = [("realize", check_realize), ("collectives", check_collectives),
-          ("compile_collectives", check_compile_collectives), ("dtensor", check_dtensor),
-          ("shard_map", check_shard_map), ("compile", check_compile), ("fsdp_tp", check_fsdp_tp),
-          ("abort", check_abort)]
+# The compiled checks come after the eager ones: torch's compilers are what is most likely to crash a
+# process (on the first GPU run, torch 2.11.0, a gloo-cuda process died with SIGSEGV after
+# `collectives`), and run.py restarts a job that died with the checks after the one that was running.
+# compile_collectives runs after eager regions on purpose: a compiled collective must work in a process
+# that ran one. abort is last: it destroys the mesh the others use.
+CHECKS = [("realize", check_realize), ("collectives", check_collectives), ("dtensor", check_dtensor),
+          ("shard_map", check_shard_map), ("fsdp_tp", check_fsdp_tp), ("compile_collectives", check_compile_collectives),
+          ("compile", check_compile), ("abort", check_abort)]
+
+
+def say(line: str, fd: int = 1) -> None:
+    """One line in one write (the processes share the pipe: a print's text and newline go separately)."""
+    os.write(fd, (line[:3500] + "\n").encode())
 
 
 def agree(ok: bool, device: torch.device) -> bool:
@@ -385,13 +394,25 @@ def main(argv: list[str]) -> int:
         print(f"usage: _checks.py CASE, CASE in {CASES}; got {argv}", file=sys.stderr)
         return 2
     only = set(argv[1].split(",")) if len(argv) > 1 and argv[1] else None
+    unknown = sorted((only or set()) - {name for name, _ in CHECKS})
+    if unknown:
+        print(f"usage: _checks.py CASE [CHECK,...], CHECK in {[name for name, _ in CHECKS]}; got {unknown}",
+              file=sys.stderr)
+        return 2
+    faulthandler.enable(all_threads=True)  # a fatal signal prints the Python stack of every thread
     warnings.filterwarnings("ignore")
     device = setup(case)
     ctx = Ctx(case, device)
+    if only is not None and "realize" not in only:  # a restarted job: the mesh the later checks need
+        ctx.rm = ctx.realize(ctx.mesh, products=[("dp", "tp")])
+    crash = os.environ.get("FM_GPU_SMOKE_CRASH", "")
     failed = 0
     for name, check in CHECKS:
         if only is not None and name not in only:
             continue
+        say(f"START {case}/{name} rank {ctx.rank}")
+        if name == crash and ctx.rank == min(1, ctx.world - 1):
+            os.kill(os.getpid(), signal.SIGSEGV)  # the test of a crash (see the module's docstring)
         t0 = time.perf_counter()
         skip = False
         try:
@@ -409,13 +430,13 @@ def main(argv: list[str]) -> int:
         try:
             everywhere = agree(ok, device)
         except Exception as exc:  # noqa: BLE001 - the default group itself is gone: stop here
-            print(f"CHECK {case}/{name} FAIL the ranks could not agree on the outcome: {exc}", flush=True)
+            say(f"CHECK {case}/{name} FAIL the ranks could not agree on the outcome: {exc}")
             return 1
         if ctx.rank == 0:
             verdict = ("SKIP" if skip else "PASS") if everywhere else "FAIL"
             if ok and not everywhere:
                 what = "failed on another rank (its traceback is above)"
-            print(f"CHECK {case}/{name} {verdict} [{time.perf_counter() - t0:.1f} s] {what}", flush=True)
+            say(f"CHECK {case}/{name} {verdict} [{time.perf_counter() - t0:.1f} s] {' '.join(what.split())}")
         failed += not everywhere
         if name == "realize" and not everywhere:
             break  # nothing else can run without the mesh
