@@ -58,10 +58,11 @@ def test_every_configuration_matches_on_gloo_with_fewer_groups(results):
     assert len(configs) == 15
     total = next(line for line in results if line.startswith("total "))
     theirs, ours = int(total.split()[3]), int(total.split()[5])
-    # accelerate makes every dim's and flattened dim's groups anew for each mesh: 146, as under the fake
-    # backend. One job realizing all 15 makes each distinct rank set once (the group cache): 16 in all
-    # (92 when each configuration starts from an empty cache: test_mesh_vs_accelerate.py)
-    assert (theirs, ours) == (146, 16)
+    # accelerate makes every dim's and flattened dim's groups anew for each mesh: 146 on CPU-only machines, as
+    # under the fake backend (166 on the GPU machine, torch 2.11.0+cu130: there a whole-world dim made a group,
+    # e.g. 1 for tp=8, 0 here). One job realizing all 15 makes each distinct rank set once (the group cache): 16
+    # in all (92 when each configuration starts from an empty cache: test_mesh_vs_accelerate.py)
+    assert ours == 16 and theirs >= 146, (theirs, ours)
 
 
 @pytest.mark.timeout(600)
