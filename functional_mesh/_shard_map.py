@@ -53,6 +53,17 @@ from ._sharding import NamedSharding, PartitionSpec
 __all__ = ["shard_map", "typeof"]
 
 _NOTHING: frozenset[str] = frozenset()
+
+# Whether this torch's dynamo can trace a region (read at import). torch 2.11's cannot take a RealizedMesh
+# as a constant of the trace (AsPythonConstantNotImplementedError), 2.12's stops with an internal
+# NotImplementedError; 2.13 traces one whole. No attribute tells these apart: the release does.
+COMPILED_REGIONS = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
+_NO_COMPILED_REGIONS = (
+    f"`shard_map` requires torch >= 2.13 to run a region under torch.compile, but got torch {torch.__version__}, "
+    "whose dynamo cannot trace one; run the region eagerly (call it outside the compiled function, or wrap it in "
+    "torch.compiler.disable, which a compiled model calls across a graph break), or compile the body's parts "
+    "that communicate nothing (torch.compile functions without collectives, called in a region with "
+    "check_vma=False)")
 _TAG = "_functional_mesh_vma"  # the attribute that holds a tensor's type inside an eager typed region
 
 
@@ -440,6 +451,8 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
     def mapped(*args: Any) -> Any:
         if not torch.compiler.is_compiling():
             return _call(f, mesh, check_vma, in_specs, out_specs, args)
+        if not COMPILED_REGIONS:  # before dynamo meets the mesh: its own error there names none of this
+            _raise_from_trace(False, _NO_COMPILED_REGIONS)
         try:
             return _call(f, mesh, check_vma, in_specs, out_specs, args)
         except MeshError as error:  # a type or boundary error while tracing: the user's error, not torch's
@@ -604,10 +617,14 @@ def _plan_of(rm: RealizedMesh, entries: tuple[Any, ...], check_vma: bool) -> _Pl
 def _plan(region: _Region, spec: PartitionSpec) -> _Plan:
     if region.traced:
         return _plan_of(region.rm, tuple(spec), region.check_vma)
-    key = (_Plan, spec, region.check_vma)  # eagerly: the handle keeps its plans (one dict lookup per leaf and call)
+    # eagerly: the handle keeps its plans (one dict lookup per leaf and call), keyed by the spec's entries as
+    # written (what its equality compares), not by the spec: dynamo (torch 2.11/2.12) hashes every key of the
+    # handle's memo when a compiled collective looks an axis up there, and cannot hash a PartitionSpec
+    entries = tuple(spec)
+    key = (_Plan, entries, region.check_vma)
     plan = recall(region.rm, key)
     if plan is None:
-        plan = remember(region.rm, key, _plan_of(region.rm, tuple(spec), region.check_vma))
+        plan = remember(region.rm, key, _plan_of(region.rm, entries, region.check_vma))
     return plan
 
 
