@@ -103,32 +103,10 @@ class Realized(NamedTuple):
     epoch: int  # the epoch the groups belong to
 
 
-class GroupCache:
-    """Every group realize made, by axis key and by ordered member tuple; one per process (``CACHE``)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.axes: dict[tuple, Any] = {}  # axis key -> this rank's group of that axis (None: not a member)
-        self.groups: dict[tuple, Any] = {}  # (members, settings key) -> ProcessGroup | None
-        self.created: list[Any] = []  # ProcessGroups this process made (destroyed by clear_cache)
-        self.labels: dict[Any, list[str]] = {}  # made group -> the axes it serves (its group_desc)
-        self.self_group: Any = None  # this rank's one-rank fake-backend group, lent to torch for size-1 axes
-        # torch meshes on which a product group was registered (their flattened mesh and they refer
-        # to each other): (weak reference, product axes), released when the groups end
-        self.flattened: list[tuple[weakref.ref, tuple[str, ...]]] = []
-        # members-only groups: (members, settings key) -> this rank's group (only tuples holding it)
-        self.local: dict[tuple, Any] = {}
-        # (members, settings key) -> members-only groups this process made for it: the name's suffix.
-        # Kept for the life of the process (clear_cache and abort too): the store keeps the keys of
-        # an old group's meeting, so a new group of equal members needs a name of its own.
-        self.local_count: dict[tuple, int] = {}
-        self.made = 0  # distinct member tuples made (members or not; equal on every rank that made the same calls)
-        self.hits = 0
-        self.misses = 0
-        # The generation of the cache: a handle made at another epoch is stale (its groups were
-        # destroyed or aborted); ``ended`` says how, for the stale handle's message.
-        self.epoch = 0
-        self.ended = ""
+class _Lookup:
+    """A part of :class:`GroupCache`: each family's group found by its axis key, or made (by
+    :class:`_Making`) and kept under it; the descriptions of the groups; the one-rank group lent
+    for size-1 axes. No fields of its own: it reads and writes those ``GroupCache`` sets."""
 
     def realize_groups(self, families: Sequence[Family], request: Request) -> Realized:
         """This rank's group of every family, made where missing; one pass, in the same order on every rank."""
@@ -184,6 +162,34 @@ class GroupCache:
         self.axes[axis_key] = mine
         self._describe(mine, family.label)
         return mine
+
+
+    def _describe(self, pg: Any, label: str) -> None:
+        """Add ``label`` to the ``group_desc`` of a group realize made (never to the default group)."""
+        labels = self.labels.get(pg) if pg is not None else None
+        if labels is None or label in labels:
+            return
+        labels.append(label)
+        _torch.set_group_desc(pg, "mesh_" + "+".join(labels))
+
+    def _lent_group(self) -> Any:
+        """This rank's one-rank group on torch's fake backend, for torch's use of size-1 axes.
+
+        Made by the first realize call that realizes a size-1 axis (or product) on a member rank,
+        by this rank alone: it is not counted by torch's group counter, so ranks outside the mesh
+        stay in step with those inside. One per process until :func:`clear_cache` destroys it.
+        """
+        if self.self_group is None:
+            self.self_group = _torch.one_rank_group(f"functional_mesh_self_{dist.get_rank()}_{self.epoch}",
+                                                    "mesh_size1")
+            self.created.append(self.self_group)
+        return self.self_group
+
+
+class _Making:
+    """A part of :class:`GroupCache`: the groups missing for an axis's member tuples, made by every
+    rank (``new_group``, ``split_group``, or the default group borrowed) or, for a members-only
+    call, by this rank's group's members alone; each kept under its ordered member tuple."""
 
     def _create(self, rows: tuple[tuple[int, ...], ...], label: str, settings: AxisSettings,
                 request: Request) -> None:
@@ -259,42 +265,11 @@ class GroupCache:
         if pg is not None and pg not in self.labels:
             self.labels[pg] = [label]
 
-    def _describe(self, pg: Any, label: str) -> None:
-        """Add ``label`` to the ``group_desc`` of a group realize made (never to the default group)."""
-        labels = self.labels.get(pg) if pg is not None else None
-        if labels is None or label in labels:
-            return
-        labels.append(label)
-        _torch.set_group_desc(pg, "mesh_" + "+".join(labels))
 
-    def _lent_group(self) -> Any:
-        """This rank's one-rank group on torch's fake backend, for torch's use of size-1 axes.
 
-        Made by the first realize call that realizes a size-1 axis (or product) on a member rank,
-        by this rank alone: it is not counted by torch's group counter, so ranks outside the mesh
-        stay in step with those inside. One per process until :func:`clear_cache` destroys it.
-        """
-        if self.self_group is None:
-            self.self_group = _torch.one_rank_group(f"functional_mesh_self_{dist.get_rank()}_{self.epoch}",
-                                                    "mesh_size1")
-            self.created.append(self.self_group)
-        return self.self_group
-
-    def keep_flattened(self, root: Any, axes: tuple[str, ...]) -> None:
-        """Remember that the product group of ``axes`` was registered on the torch mesh ``root``
-        (``_torch.register_flattened``), to release it with the groups."""
-        with self.lock:
-            self.flattened = [(ref, names) for ref, names in self.flattened if ref() is not None]
-            self.flattened.append((weakref.ref(root), axes))
-
-    def info(self) -> CacheInfo:
-        """The counters, read under the lock."""
-        with self.lock:
-            return CacheInfo(self.hits, self.misses, self.made)
-
-    def ended_for(self, epoch: int) -> str:
-        """How the groups of ``epoch`` ended (``""``: they are the live ones)."""
-        return "" if epoch == self.epoch else self.ended
+class _Ending:
+    """A part of :class:`GroupCache`: forgetting groups when they end (``clear_cache``, ``abort``),
+    all of them or those holding given ranks, and starting the next epoch."""
 
     def forget(self, ended: str) -> list[Any]:
         """Empty the cache, start a new epoch, and return the groups realize made.
@@ -315,7 +290,6 @@ class GroupCache:
         self.ended = ended
         self.epoch += 1
         return created
-
 
     def forget_holding(self, ranks: frozenset[int], ended: str) -> list[Any]:
         """Forget the groups whose members include one of ``ranks``, start a new epoch, and return
@@ -341,6 +315,55 @@ class GroupCache:
         self.ended = ended
         self.epoch += 1
         return aborted
+
+
+
+class GroupCache(_Lookup, _Making, _Ending):
+    """Every group realize made, by axis key and by ordered member tuple; one per process (``CACHE``).
+
+    Its fields are the bookkeeping; its parts look groups up (:class:`_Lookup`), make the missing
+    ones (:class:`_Making`) and forget them when they end (:class:`_Ending`)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.axes: dict[tuple, Any] = {}  # axis key -> this rank's group of that axis (None: not a member)
+        self.groups: dict[tuple, Any] = {}  # (members, settings key) -> ProcessGroup | None
+        self.created: list[Any] = []  # ProcessGroups this process made (destroyed by clear_cache)
+        self.labels: dict[Any, list[str]] = {}  # made group -> the axes it serves (its group_desc)
+        self.self_group: Any = None  # this rank's one-rank fake-backend group, lent to torch for size-1 axes
+        # torch meshes on which a product group was registered (their flattened mesh and they refer
+        # to each other): (weak reference, product axes), released when the groups end
+        self.flattened: list[tuple[weakref.ref, tuple[str, ...]]] = []
+        # members-only groups: (members, settings key) -> this rank's group (only tuples holding it)
+        self.local: dict[tuple, Any] = {}
+        # (members, settings key) -> members-only groups this process made for it: the name's suffix.
+        # Kept for the life of the process (clear_cache and abort too): the store keeps the keys of
+        # an old group's meeting, so a new group of equal members needs a name of its own.
+        self.local_count: dict[tuple, int] = {}
+        self.made = 0  # distinct member tuples made (members or not; equal on every rank that made the same calls)
+        self.hits = 0
+        self.misses = 0
+        # The generation of the cache: a handle made at another epoch is stale (its groups were
+        # destroyed or aborted); ``ended`` says how, for the stale handle's message.
+        self.epoch = 0
+        self.ended = ""
+
+    def keep_flattened(self, root: Any, axes: tuple[str, ...]) -> None:
+        """Remember that the product group of ``axes`` was registered on the torch mesh ``root``
+        (``_torch.register_flattened``), to release it with the groups."""
+        with self.lock:
+            self.flattened = [(ref, names) for ref, names in self.flattened if ref() is not None]
+            self.flattened.append((weakref.ref(root), axes))
+
+    def info(self) -> CacheInfo:
+        """The counters, read under the lock."""
+        with self.lock:
+            return CacheInfo(self.hits, self.misses, self.made)
+
+    def ended_for(self, epoch: int) -> str:
+        """How the groups of ``epoch`` ended (``""``: they are the live ones)."""
+        return "" if epoch == self.epoch else self.ended
+
 
 
 CACHE = GroupCache()

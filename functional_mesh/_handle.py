@@ -4,7 +4,9 @@
 rank, coordinate and groups stay consistent because nothing can reassign them (slots, read-only
 properties, :class:`~functional_mesh._validate.Frozen`). It also owns the ``with rm:`` stack and
 :func:`resolve_mesh`, the ``mesh=None`` → current-mesh rule every axis-name op uses. Creates no
-process group: its torch ``DeviceMesh`` wraps the groups realize made.
+process group: its torch ``DeviceMesh`` wraps the groups realize made. The class is the value
+(its slots, selection, ``with rm:``, the alive check) with two parts as mixins: its queries
+(``_Queries``: sizes, indices, groups) and its torch ``DeviceMesh`` (``_TorchMesh``).
 
 Other modules read a handle through the functions at the end of this module (``hop_of``,
 ``index_along``, ``check_alive``, ``recall``/``remember``, ``selected_from``), never through its
@@ -82,7 +84,150 @@ def _read_only(slot: str, doc: str) -> Any:
     return property(read, doc=doc)
 
 
-class RealizedMesh(Frozen):
+class _Queries:
+    """A part of :class:`RealizedMesh`: what a handle answers about its axes and groups (sizes, this
+    rank's indices and device, the group of an axis or product). No fields of its own: it reads
+    those ``RealizedMesh`` sets, and communicates nothing."""
+
+    __slots__ = ()
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        """The mesh's axis names."""
+        return self._mesh.axis_names
+
+    def axis_size(self, axis: str) -> int:
+        """Size of ``axis`` (no communication)."""
+        size = self._sizes.get(axis) if isinstance(axis, str) else None
+        if size is None:  # not an axis of the mesh: the error
+            axis_position(self._mesh, axis, "RealizedMesh.axis_size")
+        return size
+
+    def group(self, axis: str | Sequence[str]) -> Any:
+        """This rank's ``ProcessGroup`` for ``axis`` (``None`` when this rank is outside the mesh).
+
+        A tuple of axes gives the product group when it was realized (``products=``).
+
+        A size-1 axis (or product) has no group of its own: realize makes none, and the
+        collectives need none. Asked for one, the handle lends this rank's one-rank group on
+        torch's fake backend: it uses no communicator, every collective over it is exact for one
+        rank (except that ``ReduceOp.PREMUL_SUM`` does not apply its factor), realize made it on
+        this rank alone (torch's group counter does not move), and every size-1 axis shares it
+        (``group_desc`` "mesh_size1"). Asking for it creates nothing.
+        """
+        api = "RealizedMesh.group"
+        self._check_alive(api)
+        if isinstance(axis, str):
+            axis_position(self._mesh, axis, api)
+            return self._lend(axis, self._group_of(axis, api))
+        names = as_name_tuple(api, axis, "axis")
+        if len(names) == 1:
+            return self.group(names[0])
+        return self._lend(names, self._product_of(names, api))
+
+    def _product_of(self, names: tuple[str, ...], api: str) -> Any:
+        select(self._mesh, names, api)  # known, distinct axes
+        if names not in self._groups:
+            raise MeshError(requires(api, "a product of axes that was realized", "axis", names,
+                                     tuple(k for k in self._groups if isinstance(k, tuple)))
+                            + f"; pass products=[{names!r}] to realize", mesh=self._mesh)
+        return self._groups[names]
+
+    def _lend(self, key: str | tuple[str, ...], pg: Any) -> Any:
+        """``pg``, or for a size-1 axis of a member rank the one-rank group lent to torch."""
+        if pg is None and self._coordinate is not None and self._hops[key].size == 1:
+            return self._self_group
+        return pg
+
+    def _group_of(self, axis: str, api: str) -> Any:
+        if axis not in self._groups:
+            realized = tuple(k for k in self._groups if isinstance(k, str))
+            raise MeshError(requires(api, "an axis whose groups were realized", "axis", axis, realized)
+                            + "; realize(mesh, axes=...) left it out: realize it before using its group",
+                            mesh=self._mesh)
+        return self._groups[axis]
+
+    def has_group(self, axes: tuple[str, ...]) -> bool:
+        """True when the product group of ``axes`` was realized with this mesh."""
+        return axes in self._groups
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's device: ``cuda:<current device>`` (realize set it from LOCAL_RANK) or ``cpu``."""
+        if self._device_type == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device(self._device_type)
+
+    def local_rank(self, axis: str) -> int:
+        """This rank's index along ``axis`` (its coordinate; also its group rank)."""
+        index = self._index.get(axis) if isinstance(axis, str) else None
+        if index is not None:
+            return index
+        i = axis_position(self._mesh, axis, "RealizedMesh.local_rank")
+        if self._coordinate is None:
+            raise MeshError(requires("RealizedMesh.local_rank", "a rank that belongs to the mesh", "rank",
+                                     self._rank, f"devices {self._mesh.device_list.describe()}"), mesh=self._mesh)
+        return self._coordinate[i]
+
+
+
+class _TorchMesh:
+    """A part of :class:`RealizedMesh`: the torch ``DeviceMesh`` over the handle's groups, built once
+    on first use and kept in its ``_device_mesh`` slot."""
+
+    __slots__ = ()
+
+    @property
+    def device_mesh(self) -> Any:
+        """A torch ``DeviceMesh`` over the same groups (``None`` on ranks outside the mesh).
+
+        Built once, lazily, with ``DeviceMesh.from_group`` (no new groups). A selection whose
+        axes keep the root's order is a slice of the root's ``device_mesh``, so FSDP2 and
+        tensor parallel can share one torch root. A size-1 dim holds the one-rank group that
+        :meth:`group` lends (FSDP2 and ``distribute_tensor`` ask for it); an axis left out by
+        ``realize(axes=...)`` is a dim without a group.
+        """
+        self._check_alive("RealizedMesh.device_mesh")
+        if self._coordinate is None:
+            return None
+        if self._device_mesh is None:
+            with CACHE.lock:  # one torch mesh per realized mesh, even when threads ask at once
+                if self._device_mesh is None:
+                    object.__setattr__(self, "_device_mesh", self._build_device_mesh())
+        return self._device_mesh
+
+    def _build_device_mesh(self) -> Any:
+        mesh = self._mesh
+        if mesh.ndim == 0:
+            raise MeshError(f"`RealizedMesh.device_mesh` requires a mesh with at least one axis, but got {mesh!r}",
+                            mesh=mesh)
+        root = self._root
+        if root is not None and _in_order(mesh.axis_names, root.mesh.axis_names):
+            return root.device_mesh[mesh.axis_names if mesh.ndim > 1 else mesh.axis_names[0]]
+        submesh = mesh.group_of(self._rank)
+        groups = []
+        for i, name in enumerate(mesh.axis_names):
+            if name not in self._groups:  # left out by realize(axes=...): a dim without a group
+                groups.append(None)
+                continue
+            pg = self._lend(name, self._groups[name])
+            index = tuple(slice(None) if j == i else c for j, c in enumerate(self._coordinate))
+            row = submesh[index].reshape(-1).tolist()
+            members = _torch.group_members(pg)
+            if members != row:
+                raise MeshError(
+                    f"`RealizedMesh.device_mesh` requires each axis group to hold its mesh row in mesh order, "
+                    f"but axis {name!r} has group ranks {members} for row {row}", mesh=mesh)
+            groups.append(pg)
+        dm = _torch.device_mesh_from_groups(groups, self._device_type, submesh, mesh.axis_names)
+        for key, pg in self._groups.items():  # products realized with this mesh, in mesh order
+            if isinstance(key, tuple) and _in_order(key, mesh.axis_names):
+                _torch.register_flattened(dm, key, self._lend(key, pg))
+                CACHE.keep_flattened(dm, key)  # released with the groups (a cycle of torch meshes)
+        return dm
+
+
+class RealizedMesh(Frozen, _Queries, _TorchMesh):
     """A mesh value with this rank's process groups. Made by :func:`realize`; read-only, not picklable.
 
     Selecting axes (``rm["tp"]``, ``rm["dp", "tp"]``) gives a realized mesh over the same groups
@@ -175,84 +320,6 @@ class RealizedMesh(Frozen):
         """
         abort()
 
-    @property
-    def axis_names(self) -> tuple[str, ...]:
-        """The mesh's axis names."""
-        return self._mesh.axis_names
-
-    def axis_size(self, axis: str) -> int:
-        """Size of ``axis`` (no communication)."""
-        size = self._sizes.get(axis) if isinstance(axis, str) else None
-        if size is None:  # not an axis of the mesh: the error
-            axis_position(self._mesh, axis, "RealizedMesh.axis_size")
-        return size
-
-    def group(self, axis: str | Sequence[str]) -> Any:
-        """This rank's ``ProcessGroup`` for ``axis`` (``None`` when this rank is outside the mesh).
-
-        A tuple of axes gives the product group when it was realized (``products=``).
-
-        A size-1 axis (or product) has no group of its own: realize makes none, and the
-        collectives need none. Asked for one, the handle lends this rank's one-rank group on
-        torch's fake backend: it uses no communicator, every collective over it is exact for one
-        rank (except that ``ReduceOp.PREMUL_SUM`` does not apply its factor), realize made it on
-        this rank alone (torch's group counter does not move), and every size-1 axis shares it
-        (``group_desc`` "mesh_size1"). Asking for it creates nothing.
-        """
-        api = "RealizedMesh.group"
-        self._check_alive(api)
-        if isinstance(axis, str):
-            axis_position(self._mesh, axis, api)
-            return self._lend(axis, self._group_of(axis, api))
-        names = as_name_tuple(api, axis, "axis")
-        if len(names) == 1:
-            return self.group(names[0])
-        return self._lend(names, self._product_of(names, api))
-
-    def _product_of(self, names: tuple[str, ...], api: str) -> Any:
-        select(self._mesh, names, api)  # known, distinct axes
-        if names not in self._groups:
-            raise MeshError(requires(api, "a product of axes that was realized", "axis", names,
-                                     tuple(k for k in self._groups if isinstance(k, tuple)))
-                            + f"; pass products=[{names!r}] to realize", mesh=self._mesh)
-        return self._groups[names]
-
-    def _lend(self, key: str | tuple[str, ...], pg: Any) -> Any:
-        """``pg``, or for a size-1 axis of a member rank the one-rank group lent to torch."""
-        if pg is None and self._coordinate is not None and self._hops[key].size == 1:
-            return self._self_group
-        return pg
-
-    def _group_of(self, axis: str, api: str) -> Any:
-        if axis not in self._groups:
-            realized = tuple(k for k in self._groups if isinstance(k, str))
-            raise MeshError(requires(api, "an axis whose groups were realized", "axis", axis, realized)
-                            + "; realize(mesh, axes=...) left it out: realize it before using its group",
-                            mesh=self._mesh)
-        return self._groups[axis]
-
-    def has_group(self, axes: tuple[str, ...]) -> bool:
-        """True when the product group of ``axes`` was realized with this mesh."""
-        return axes in self._groups
-
-    @property
-    def device(self) -> torch.device:
-        """This rank's device: ``cuda:<current device>`` (realize set it from LOCAL_RANK) or ``cpu``."""
-        if self._device_type == "cuda":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device(self._device_type)
-
-    def local_rank(self, axis: str) -> int:
-        """This rank's index along ``axis`` (its coordinate; also its group rank)."""
-        index = self._index.get(axis) if isinstance(axis, str) else None
-        if index is not None:
-            return index
-        i = axis_position(self._mesh, axis, "RealizedMesh.local_rank")
-        if self._coordinate is None:
-            raise MeshError(requires("RealizedMesh.local_rank", "a rank that belongs to the mesh", "rank",
-                                     self._rank, f"devices {self._mesh.device_list.describe()}"), mesh=self._mesh)
-        return self._coordinate[i]
-
     def __getitem__(self, names: str | Sequence[str]) -> RealizedMesh:
         """A realized selection, served from the cache (no communication, no new groups).
 
@@ -265,55 +332,6 @@ class RealizedMesh(Frozen):
                   if (key in kept if isinstance(key, str) else kept.issuperset(key))}
         return RealizedMesh(sub, self._device_type, self._backend, groups, self._rank, self._epoch,
                             self._root or self, self._self_group)
-
-    @property
-    def device_mesh(self) -> Any:
-        """A torch ``DeviceMesh`` over the same groups (``None`` on ranks outside the mesh).
-
-        Built once, lazily, with ``DeviceMesh.from_group`` (no new groups). A selection whose
-        axes keep the root's order is a slice of the root's ``device_mesh``, so FSDP2 and
-        tensor parallel can share one torch root. A size-1 dim holds the one-rank group that
-        :meth:`group` lends (FSDP2 and ``distribute_tensor`` ask for it); an axis left out by
-        ``realize(axes=...)`` is a dim without a group.
-        """
-        self._check_alive("RealizedMesh.device_mesh")
-        if self._coordinate is None:
-            return None
-        if self._device_mesh is None:
-            with CACHE.lock:  # one torch mesh per realized mesh, even when threads ask at once
-                if self._device_mesh is None:
-                    object.__setattr__(self, "_device_mesh", self._build_device_mesh())
-        return self._device_mesh
-
-    def _build_device_mesh(self) -> Any:
-        mesh = self._mesh
-        if mesh.ndim == 0:
-            raise MeshError(f"`RealizedMesh.device_mesh` requires a mesh with at least one axis, but got {mesh!r}",
-                            mesh=mesh)
-        root = self._root
-        if root is not None and _in_order(mesh.axis_names, root.mesh.axis_names):
-            return root.device_mesh[mesh.axis_names if mesh.ndim > 1 else mesh.axis_names[0]]
-        submesh = mesh.group_of(self._rank)
-        groups = []
-        for i, name in enumerate(mesh.axis_names):
-            if name not in self._groups:  # left out by realize(axes=...): a dim without a group
-                groups.append(None)
-                continue
-            pg = self._lend(name, self._groups[name])
-            index = tuple(slice(None) if j == i else c for j, c in enumerate(self._coordinate))
-            row = submesh[index].reshape(-1).tolist()
-            members = _torch.group_members(pg)
-            if members != row:
-                raise MeshError(
-                    f"`RealizedMesh.device_mesh` requires each axis group to hold its mesh row in mesh order, "
-                    f"but axis {name!r} has group ranks {members} for row {row}", mesh=mesh)
-            groups.append(pg)
-        dm = _torch.device_mesh_from_groups(groups, self._device_type, submesh, mesh.axis_names)
-        for key, pg in self._groups.items():  # products realized with this mesh, in mesh order
-            if isinstance(key, tuple) and _in_order(key, mesh.axis_names):
-                _torch.register_flattened(dm, key, self._lend(key, pg))
-                CACHE.keep_flattened(dm, key)  # released with the groups (a cycle of torch meshes)
-        return dm
 
     def __enter__(self) -> RealizedMesh:
         self._check_alive("with RealizedMesh")

@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from ._agree import agree, next_call
-from ._cache import CACHE, Family, Request, init_default
+from ._cache import CACHE, Family, Realized, Request, init_default
 from ._errors import MeshError, requires
 from ._handle import RealizedMesh
 from ._mesh import Mesh
@@ -177,6 +177,33 @@ def realize(
         raise MeshError(requires("realize", "an initialised default group for members_only=True (its store is "
                                  "where the members meet)", "torch.distributed.is_initialized()", False)
                         + "; call torch.distributed.init_process_group on every rank first", mesh=mesh)
+    default_backend, device_type, backend_name, settings = _settings(mesh, keys, device_type, backend, timeout,
+                                                                     pg_options, members_only)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    member = _check_rank(mesh, world, rank, members_only)
+    families = [Family(name, mesh[name], settings[name]) for name in axes_t]
+    families += [Family(axes, mesh[axes].flatten(name="product"), settings[axes]) for axes in products_t]
+    if member:
+        for family in families:
+            if family.key in adopted:
+                _check_adopted(mesh, family, adopted[family.key], rank)
+    if wait_s is not None and backend_name != "fake":
+        _agree_on(mesh, describe_request(mesh, device_type, settings, products_t, axes_t, tuple(adopted)),
+                  members_only, rank, world, wait_s)
+    got = CACHE.realize_groups([f for f in families if f.key not in adopted],
+                               Request(device_type, world, rank, default_backend, member, members_only))
+    return _assemble(mesh, families, adopted, got, device_type, backend_name, rank, member)
+
+
+# -- the arguments, normalised ------------------------------------------------------------------
+
+
+def _settings(mesh: Mesh, keys: list[Any], device_type: str | None, backend: Any, timeout: Any, pg_options: Any,
+              members_only: bool) -> tuple[str, str, str, dict[Any, AxisSettings]]:
+    """Each key's settings, resolved against the default group (started here when none exists).
+
+    Returns the default group's backend, the device type, the backend's name and the settings by key.
+    """
     timeouts = per_axis(mesh, keys, timeout, "timeout", as_timeout)
     backends = per_axis(mesh, keys, backend, "backend", as_backend)
     options = per_axis(mesh, keys, pg_options, "pg_options", lambda v: v)
@@ -200,7 +227,11 @@ def realize(
                                  "default group (a split is a call of every rank)", "backend", "nccl",
                                  "backend='gloo' for these axes, or a default NCCL group started without device_id"),
                         mesh=mesh)
-    world, rank = dist.get_world_size(), dist.get_rank()
+    return default_backend, device_type, backend_name, settings
+
+
+def _check_rank(mesh: Mesh, world: int, rank: int, members_only: bool) -> bool:
+    """The mesh's devices are ranks of the world, and a members-only caller is one of them; True for a member."""
     if mesh.device_list.max() >= world:
         raise MeshError(requires("realize", f"devices that are ranks of the world (0..{world - 1})",
                                  "largest device", mesh.device_list.max()), mesh=mesh)
@@ -208,21 +239,15 @@ def realize(
     if members_only and not member:
         raise MeshError(requires("realize", "members_only=True to be called by ranks of the mesh only", "rank",
                                  rank, f"devices {mesh.device_list.describe()}"), mesh=mesh)
-    families = [Family(name, mesh[name], settings[name]) for name in axes_t]
-    families += [Family(axes, mesh[axes].flatten(name="product"), settings[axes]) for axes in products_t]
-    if member:
-        for family in families:
-            if family.key in adopted:
-                _check_adopted(mesh, family, adopted[family.key], rank)
-    if wait_s is not None and backend_name != "fake":
-        request = describe_request(mesh, device_type, settings, products_t, axes_t, tuple(adopted))
-        if members_only:
-            _check_same_request_among(mesh, request, rank, wait_s)
-        else:
-            call = next_call("realize")  # only checked calls are numbered: unchecked lookups shift nothing
-            _check_same_request(call, request, rank, world, wait_s)
-    got = CACHE.realize_groups([f for f in families if f.key not in adopted],
-                               Request(device_type, world, rank, default_backend, member, members_only))
+    return member
+
+
+# -- the handle --------------------------------------------------------------------------------
+
+
+def _assemble(mesh: Mesh, families: list[Family], adopted: dict[Any, Any], got: Realized, device_type: str,
+            backend_name: str, rank: int, member: bool) -> RealizedMesh:
+    """The realized mesh over the cache's groups and the adopted ones, in mesh order; its axes logged."""
     for family in families:
         if family.key in adopted:
             got.groups[family.key] = adopted[family.key] if member else None
@@ -286,6 +311,15 @@ def _check_adopted(mesh: Mesh, family: Family, pg: Any, rank: int) -> None:
 
 
 # -- divergence check (the agreement itself lives in _agree.py) ----------------------------------
+
+
+def _agree_on(mesh: Mesh, request: str, members_only: bool, rank: int, world: int, wait_s: float) -> None:
+    """Compare ``request`` among the ranks that called: the mesh's members, or the whole world."""
+    if members_only:
+        _check_same_request_among(mesh, request, rank, wait_s)
+    else:
+        call = next_call("realize")  # only checked calls are numbered: unchecked lookups shift nothing
+        _check_same_request(call, request, rank, world, wait_s)
 
 
 def _check_same_request(call: int, request: str, rank: int, world: int, wait_s: float) -> None:
