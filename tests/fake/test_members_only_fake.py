@@ -8,6 +8,8 @@ check. Expected groups come from the pure mesh (``group_of``).
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
@@ -93,9 +95,12 @@ def test_an_adopted_group_is_checked(start, groups, message):
     if groups == "world":
         given = {"dp": dist.group.WORLD}
     else:
+        keeps_order = "sort_ranks" in inspect.signature(dist.new_group).parameters
+        if groups == "reversed" and not keeps_order:
+            pytest.skip("this torch's new_group always sorts its ranks (2.11): no reversed group to adopt")
         pg = None
         for t in range(4):
-            made = dist.new_group([t + 4, t], sort_ranks=False)
+            made = dist.new_group([t + 4, t], **({"sort_ranks": False} if keeps_order else {}))
             pg = made if t == 1 else pg
         given = {"dp": pg} if groups == "reversed" else {"pp": pg}
     with pytest.raises(fm.MeshError, match=message):
