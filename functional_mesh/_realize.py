@@ -242,27 +242,6 @@ def _check_rank(mesh: Mesh, world: int, rank: int, members_only: bool) -> bool:
     return member
 
 
-# -- the handle --------------------------------------------------------------------------------
-
-
-def _assemble(mesh: Mesh, families: list[Family], adopted: dict[Any, Any], got: Realized, device_type: str,
-            backend_name: str, rank: int, member: bool) -> RealizedMesh:
-    """The realized mesh over the cache's groups and the adopted ones, in mesh order; its axes logged."""
-    for family in families:
-        if family.key in adopted:
-            got.groups[family.key] = adopted[family.key] if member else None
-            got.made[family.key] = 0
-    ordered = {f.key: got.groups[f.key] for f in families}  # mesh order, adopted ones too (a product given
-    got.groups.clear()                                      # twice is one key)
-    got.groups.update(ordered)
-    level = logging.INFO if rank == 0 else logging.DEBUG  # the lines are equal on every rank
-    if _LOG.isEnabledFor(level):
-        for line in axis_report(mesh, [(f.key, f.mesh, got.made[f.key]) for f in families],
-                                os.environ.get("LOCAL_WORLD_SIZE")):
-            _LOG.log(level, "rank %d: %s", rank, line)
-    return RealizedMesh(mesh, device_type, backend_name, got.groups, rank, got.epoch, root=None, self_group=got.lent)
-
-
 def _check_available(device_type: str, backend_name: str, backend_arg: str | None) -> None:
     """Refuse, before any group is made, a backend this torch lacks or CUDA without a GPU."""
     if backend_name == "fake":
@@ -308,6 +287,27 @@ def _check_adopted(mesh: Mesh, family: Family, pg: Any, rank: int) -> None:
         raise MeshError(requires("realize", f"an adopted group that holds rank {rank} at its coordinate along "
                                  f"{label!r}", f"groups[{family.key!r}]",
                                  f"a group where rank {rank} is group rank {pg.rank()}", position), mesh=mesh)
+
+
+# -- the handle --------------------------------------------------------------------------------
+
+
+def _assemble(mesh: Mesh, families: list[Family], adopted: dict[Any, Any], got: Realized, device_type: str,
+            backend_name: str, rank: int, member: bool) -> RealizedMesh:
+    """The realized mesh over the cache's groups and the adopted ones, in mesh order; its axes logged."""
+    for family in families:
+        if family.key in adopted:
+            got.groups[family.key] = adopted[family.key] if member else None
+            got.made[family.key] = 0
+    ordered = {f.key: got.groups[f.key] for f in families}  # mesh order, adopted ones too (a product given
+    got.groups.clear()                                      # twice is one key)
+    got.groups.update(ordered)
+    level = logging.INFO if rank == 0 else logging.DEBUG  # the lines are equal on every rank
+    if _LOG.isEnabledFor(level):
+        for line in axis_report(mesh, [(f.key, f.mesh, got.made[f.key]) for f in families],
+                                os.environ.get("LOCAL_WORLD_SIZE")):
+            _LOG.log(level, "rank %d: %s", rank, line)
+    return RealizedMesh(mesh, device_type, backend_name, got.groups, rank, got.epoch, root=None, self_group=got.lent)
 
 
 # -- divergence check (the agreement itself lives in _agree.py) ----------------------------------
