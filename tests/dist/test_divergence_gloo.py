@@ -36,10 +36,14 @@ w4 = pool_fixture(4, own=True)  # ranks skip realize calls on purpose: a pool of
 
 ENV = "FUNCTIONAL_MESH_CHECK_COLLECTIVES"
 TIMEOUT_ENV = "FUNCTIONAL_MESH_CHECK_TIMEOUT"
-WAIT = 2.0  # s: the check's wait where a rank is missing (the test waits for it)
-LONG_WAIT = 20.0  # s: the wait where every rank arrives: a divergence must be reported long before
+WAIT = 10.0  # s: the check's wait where a rank is missing (the test waits for it); above MARGIN, so an
+# "at once" bound (< MARGIN) still fails a check that waited the wait
+LONG_WAIT = 40.0  # s: the wait where every rank arrives: a divergence must be reported long before
 FOLLOWER_WAIT = WAIT + min(5.0, WAIT / 2)  # the documented follower wait
-MARGIN = 3.0  # s: scheduling slack on two busy cores
+# s: scheduling slack on two busy cores (3 s was exceeded at load ~30: 4.5 s). Every bound (at most
+# FOLLOWER_WAIT + MARGIN) stays well under LONG_WAIT, what a missed divergence would cost.
+MARGIN = 8.0
+assert MARGIN < WAIT and FOLLOWER_WAIT + MARGIN < LONG_WAIT / 1.5
 
 A = make_mesh((2, 2), ("dp", "tp"))
 B = make_mesh((4,), ("w",))
