@@ -283,6 +283,7 @@ class _Ending:
             if root is not None:
                 _torch.unregister_flattened(root, axes)
         self.flattened = []
+        _torch.forget_sharding_plans()
         created, self.created = self.created, []
         self.axes, self.groups, self.labels, self.local = {}, {}, {}, {}
         self.self_group = None
@@ -303,6 +304,7 @@ class _Ending:
             if root is not None:
                 _torch.unregister_flattened(root, axes)
         self.flattened = []
+        _torch.forget_sharding_plans()
         gone = {pg for table in (self.groups, self.local) for (row, _), pg in table.items()
                 if pg is not None and not ranks.isdisjoint(row)}
         self.groups = {k: pg for k, pg in self.groups.items() if ranks.isdisjoint(k[0])}

@@ -58,6 +58,7 @@ import torch
 import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch.distributed._mesh_layout import _MeshLayout
+from torch.distributed.tensor import debug as _DTENSOR_DEBUG
 from torch.distributed.device_mesh import DeviceMesh
 
 from ._errors import MeshError, requires
@@ -493,6 +494,18 @@ def register_flattened(root: DeviceMesh, names: tuple[str, ...], pg: Any) -> Non
     flat._dim_group_names = [pg.group_name]
     root._pg_registry[pg.group_name] = pg
     root._flatten_mapping["_".join(names)] = flat
+
+
+def forget_sharding_plans() -> None:
+    """Empty DTensor's sharding-propagation caches (no-op where this torch has none).
+
+    They key a plan by the ``DeviceMesh``, which compares equal across handles of an equal mesh:
+    after ``clear_cache``/``abort`` a new handle's DTensor op would get a plan holding the old,
+    destroyed groups ("Could not resolve the process group registered under the name N").
+    """
+    clear = getattr(_DTENSOR_DEBUG, "_clear_sharding_prop_cache", None)
+    if clear is not None:
+        clear()
 
 
 def unregister_flattened(root: DeviceMesh, names: tuple[str, ...]) -> None:

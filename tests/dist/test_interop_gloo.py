@@ -222,3 +222,23 @@ def test_fsdp2_trains_like_one_process(w8, case):
         if kind == "fsdp+tp":
             assert res["roots"] == [True, True, True]
             assert res["slices"] == (mesh["tp"].group_of(rank).tolist(), mesh["dp"].group_of(rank).tolist())
+
+
+def dtensor_op_after_clear_cache(how: str) -> list[list[float]]:
+    """Realize, a DTensor op, then clear_cache/abort and the same again: the second op must use the new groups."""
+    mesh = fm.Mesh.from_ranks(np.array([7, 6, 5, 4, 3, 2, 1, 0]), ("x",))
+    out = []
+    for _ in range(2):
+        rm = fm.realize(mesh)
+        t = fm.distribute(torch.arange(8.0), fm.NamedSharding(mesh, fm.P("x")), mesh=rm)
+        out.append((t * 2).full_tensor().tolist())
+        fm.clear_cache() if how == "clear_cache" else fm.abort()
+    return out
+
+
+@pytest.mark.parametrize("how", ["clear_cache", "abort"])
+def test_a_dtensor_op_after_clear_cache_uses_the_new_groups(w8, how):
+    # DTensor's sharding-propagation cache keys plans by a DeviceMesh equal across the two handles: kept,
+    # the second op ran on the destroyed groups ("Could not resolve the process group registered under the name N")
+    for rank_out in w8.run(dtensor_op_after_clear_cache, how):
+        assert rank_out == [[2.0 * i for i in range(8)]] * 2
