@@ -192,6 +192,15 @@ class Identity(NamedTuple):
         return AllReduce(self.group, "sum")
 
 
+def _on_dim0(x: torch.Tensor, dim: int, call: Any, *args: Any) -> torch.Tensor:
+    """``call(x', *args)`` with ``x'`` = ``x`` with ``dim`` moved to the front (contiguous); the result moved back.
+
+    c10d gathers and reduce-scatters along dim 0 only."""
+    if dim == 0:
+        return call(x.contiguous(), *args)
+    return call(x.movedim(dim, 0).contiguous(), *args).movedim(0, dim)
+
+
 class Gather(NamedTuple):
     """Every member's ``x`` along ``dim``, in group-rank (= mesh) order.
 
@@ -210,9 +219,7 @@ class Gather(NamedTuple):
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
             return x.clone()
-        if self.dim == 0:
-            return _torch.all_gather(x.contiguous(), self.n, self.group)
-        return _torch.all_gather(x.movedim(self.dim, 0).contiguous(), self.n, self.group).movedim(0, self.dim)
+        return _on_dim0(x, self.dim, _torch.all_gather, self.n, self.group)
 
     def transpose(self) -> Scatter | Slice:
         if self.index is None:
@@ -235,10 +242,7 @@ class Scatter(NamedTuple):
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
             return x.clone()
-        if self.dim == 0:
-            return _torch.reduce_scatter(x.contiguous(), self.op, self.n, self.group)
-        moved = x.movedim(self.dim, 0).contiguous()
-        return _torch.reduce_scatter(moved, self.op, self.n, self.group).movedim(0, self.dim)
+        return _on_dim0(x, self.dim, _torch.reduce_scatter, self.op, self.n, self.group)
 
     def transpose(self) -> Gather:
         if self.op != "sum":
