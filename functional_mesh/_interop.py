@@ -83,7 +83,8 @@ def distribute(tensor: torch.Tensor, sharding: NamedSharding, *, mesh: Any = Non
         TypeError: ``tensor`` is not a tensor, ``sharding`` not a ``NamedSharding``, or ``mesh``
             not a ``RealizedMesh``.
         MeshError: ``sharding.mesh`` is not the realized mesh's, the tensor has fewer dims than the
-            spec, or ``mesh=None`` outside ``with rm:``.
+            spec, the spec has unreduced axes (a full tensor is no pending sum), or ``mesh=None``
+            outside ``with rm:``.
 
     Examples:
         >>> import torch, torch.distributed as dist
@@ -103,7 +104,7 @@ def distribute(tensor: torch.Tensor, sharding: NamedSharding, *, mesh: Any = Non
         raise TypeError(requires("distribute", "a NamedSharding", "sharding", sharding))
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(requires("distribute", "a torch.Tensor", "tensor", tensor))
-    plan = _distribute_plan(rm, sharding.mesh, tuple(sharding.spec))
+    plan = _distribute_plan(rm, sharding.mesh, sharding.spec.key)
     if plan.problem:
         raise MeshError(plan.problem, mesh=rm.mesh)
     rank = plan.rank  # checked on every rank, in the mesh or not: the same inputs, the same error
@@ -139,13 +140,18 @@ class _DTensorPlan(NamedTuple):
 # dynamo's record while it traces, and its entries are constants either way (a Mesh made there is
 # refused with a message, not an internal error of dynamo's).
 @torch.compiler.assume_constant_result
-def _distribute_plan(rm: Any, mesh: Mesh, entries: tuple[Any, ...]) -> _DTensorPlan:
+def _distribute_plan(rm: Any, mesh: Mesh, key: tuple[Any, ...]) -> _DTensorPlan:
     if _built_while_tracing(mesh):
         return _DTensorPlan(_BUILT_WHILE_TRACING.format(api="distribute"))
     if mesh != rm.mesh:
         return _DTensorPlan(requires("distribute", "the sharding's mesh to be the realized mesh", "sharding.mesh", mesh,
                               rm.mesh))
-    spec = PartitionSpec(*entries)
+    spec = PartitionSpec.from_key(key)
+    if spec.unreduced:
+        return _DTensorPlan(requires("distribute", "a sharding without unreduced axes (a full tensor is no pending "
+                                     "sum)", "sharding.spec", spec)
+                            + "; distribute it sharded or replicated, then make a pending sum inside a region "
+                            "(fm.pcast(x, axis, to='unreduced')), or fm.reshard a DTensor to it")
     if rm.coordinate is None:
         return _DTensorPlan("", spec=str(spec), rank=len(spec))
     rm.device_mesh  # noqa: B018 - built now (it is made on first use), outside any trace
@@ -166,9 +172,11 @@ def _built_while_tracing(mesh: Mesh) -> bool:
 
 
 def sharding_of(dtensor: DTensor) -> NamedSharding:
-    """The ``NamedSharding`` of an existing DTensor (``Shard``, ``_StridedShard``, ``Replicate``).
+    """The ``NamedSharding`` of an existing DTensor (``Shard``, ``_StridedShard``, ``Replicate``, ``Partial("sum")``).
 
-    Read from the DTensor's torch mesh and placements alone: no communication.
+    Read from the DTensor's torch mesh and placements alone: no communication. A ``Partial("sum")``
+    placement on a mesh dim is a pending sum over that axis: ``P(..., unreduced={axis})`` (the
+    DTensor's ``full_tensor()`` is the sum of the members' local tensors).
 
     Args:
         dtensor: a DTensor on any torch ``DeviceMesh``.
@@ -178,8 +186,8 @@ def sharding_of(dtensor: DTensor) -> NamedSharding:
 
     Raises:
         TypeError: ``dtensor`` is not a DTensor.
-        MeshError: a ``Partial`` placement (a pending reduction has no sharding: redistribute it
-            first), or placements no ``PartitionSpec`` can say.
+        MeshError: a ``Partial`` placement other than a sum (``avg``, ``max``, ...: redistribute
+            it first), or placements no ``PartitionSpec`` can say.
 
     Examples:
         >>> import torch, torch.distributed as dist
@@ -192,6 +200,9 @@ def sharding_of(dtensor: DTensor) -> NamedSharding:
         >>> x = fm.distribute(torch.ones(4, 8), NamedSharding(mesh, P("tp", "dp")), mesh=rm)
         >>> fm.sharding_of(x)
         NamedSharding(Mesh(dp=2, tp=4), P('tp', 'dp'))
+        >>> from torch.distributed.tensor import DTensor, Partial, Shard
+        >>> fm.sharding_of(DTensor.from_local(torch.ones(2, 8), rm.device_mesh, [Partial(), Shard(0)]))
+        NamedSharding(Mesh(dp=2, tp=4), P('tp', unreduced={'dp'}))
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
     if not isinstance(dtensor, DTensor):
@@ -238,18 +249,18 @@ def reshard(dtensor: DTensor, sharding: NamedSharding) -> DTensor:
     if not isinstance(sharding, NamedSharding):
         raise TypeError(requires("reshard", "a NamedSharding", "sharding", sharding))
     dm = dtensor.device_mesh
-    plan = _reshard_plan(dm, sharding.mesh, tuple(sharding.spec), _torch.global_rank())
+    plan = _reshard_plan(dm, sharding.mesh, sharding.spec.key, _torch.global_rank())
     if plan.problem:
         raise MeshError(plan.problem, mesh=sharding.mesh)
     return dtensor.redistribute(dm, plan.placements)
 
 
 @torch.compiler.assume_constant_result
-def _reshard_plan(dm: Any, mesh: Mesh, entries: tuple[Any, ...], rank: int) -> _DTensorPlan:
+def _reshard_plan(dm: Any, mesh: Mesh, key: tuple[Any, ...], rank: int) -> _DTensorPlan:
     if _built_while_tracing(mesh):
         return _DTensorPlan(_BUILT_WHILE_TRACING.format(api="reshard"))
     submesh = mesh.group_of(rank)
     if tuple(dm.mesh_dim_names or ()) != mesh.axis_names or submesh is None or dm.mesh.tolist() != submesh.tolist():
         return _DTensorPlan(requires("reshard", "a sharding on the mesh the DTensor lives on", "sharding.mesh", mesh,
                               f"the DTensor's mesh {from_device_mesh(dm)!r}"))
-    return _DTensorPlan("", NamedSharding(mesh, PartitionSpec(*entries)).placements)
+    return _DTensorPlan("", NamedSharding(mesh, PartitionSpec.from_key(key)).placements)

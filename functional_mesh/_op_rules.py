@@ -12,7 +12,10 @@ the union of its tensor operands' axes. What is here:
   the region applies; torch.distributed's own (``dist.all_reduce``, ...) are refused in a typed region;
 - in-place writes are recognised by name (``add_``, ``__iadd__``, ``__setitem__``) or by an
   ``out=`` / ``inplace=True`` argument (:func:`written_operand`);
-- custom ops (``torch.ops.<namespace>.*`` outside aten/prims) cannot be typed: :func:`is_untypeable`.
+- custom ops (``torch.ops.<namespace>.*`` outside aten/prims) cannot be typed: :func:`is_untypeable`;
+- ``LINEAR``: the ops that keep a pending sum (a value unreduced over some axes), each with its
+  kind (``_vma.LINEAR_KINDS``): every other op refuses one. The table is beside the others, not
+  part of them: a linear op follows the default rule on values that are not pending.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch.nn.functional as F
 from . import _collectives as C
 from . import _torch
 
-__all__ = ["PASS_THROUGH", "OpKind", "is_random", "is_untypeable", "op_kind", "written_operand"]
+__all__ = ["BIAS", "LINEAR", "PASS_THROUGH", "OpKind", "is_random", "is_untypeable", "op_kind", "written_operand"]
 
 
 _SEEN: set[Any] = set()
@@ -152,6 +155,47 @@ _THEIRS: dict[Any, bool] = {}
 _register(_THEIRS, True, *C.RAW)
 
 
+# -- linear ops: what keeps a pending sum ---------------------------------------------------------------
+#
+# DTensor keeps a Partial("sum") placement through these (its sharding propagation), and so do we,
+# with the same values. Each spelling of an op is listed (torch.x, Tensor.x, the operator, in place).
+
+LINEAR: dict[Any, str] = {}
+
+
+def _linear(kind: str, *names: str, functions: tuple[Any, ...] = ()) -> None:
+    for name in names:
+        for owner in (torch, _T):
+            func = getattr(owner, name, None)
+            if func is not None:
+                LINEAR.setdefault(func, kind)
+    for func in functions:
+        LINEAR.setdefault(func, kind)
+
+
+_linear("unary", "neg", "negative", "__neg__", "__pos__", "positive", "neg_", "negative_", "clone", "contiguous",
+        "detach", "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze", "squeeze_",
+        "unsqueeze_", "transpose", "transpose_", "t", "t_", "permute", "movedim", "moveaxis", "swapaxes", "swapdims",
+        "expand", "expand_as", "broadcast_to", "repeat", "tile", "narrow", "select", "__getitem__", "split", "chunk",
+        "tensor_split", "unbind", "flip", "fliplr", "flipud", "roll", "rot90", "diagonal", "diag", "tril", "triu",
+        "sum", "mean", "nansum", "cumsum", "index_select", "gather", "take_along_dim", "to", "float", "double",
+        "half", "bfloat16", "type_as", "cpu", "cuda", "real", "imag", "conj", "resolve_conj", "resolve_neg", "ravel",
+        "view_as_real", "view_as_complex", "atleast_1d", "atleast_2d", "atleast_3d", "trace")
+_linear("unary", functions=tuple(getattr(_T, g).__get__ for g in ("T", "mT", "H", "mH") if hasattr(_T, g)))
+_linear("add", "add", "sub", "subtract", "__add__", "__radd__", "__sub__", "__iadd__", "__isub__", "add_", "sub_",
+        "subtract_")
+_linear("cat", "cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack", "column_stack")
+_linear("mul", "mul", "multiply", "__mul__", "__rmul__", "__imul__", "mul_", "multiply_")
+_linear("div", "div", "divide", "true_divide", "__truediv__", "__itruediv__", "div_", "divide_", "true_divide_")
+_linear("factors", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "dot", "vdot", "inner", "outer", "ger",
+        "tensordot", "einsum", "kron")
+_linear("factors", functions=(F.linear, F.bilinear))
+BIAS: dict[Any, int] = {F.linear: 2, F.bilinear: 3}  # linear in their factors, but a bias adds: its position
+for _func in LINEAR:  # a linear op draws nothing, communicates nothing and is typed by the default rule
+    if _func in _SEEN and _func not in PASS_THROUGH:
+        raise RuntimeError(f"functional_mesh._op_rules: {_func!r} is linear and has another rule")
+
+
 # -- what a function is, decided once per function --------------------------------------------------------
 
 
@@ -163,6 +207,7 @@ class OpKind(NamedTuple):
     random: str  # "always", "maybe" (a dropout: depends on its arguments) or "" (draws nothing)
     writes_first: bool  # an in-place op by its name (``add_``, ``__iadd__``, ``__setitem__``)
     name: str  # how errors name it: "add", "Tensor.add_", "aten::add", "my_lib::op"
+    linear: str  # its kind in ``LINEAR`` (keeps a pending sum), or "" (refuses one)
 
 
 _KINDS: dict[Any, OpKind] = {}
@@ -199,7 +244,11 @@ def _classify(func: Any) -> OpKind:
     random = "" if func not in _RANDOM else "always" if _RANDOM[func] is None else "maybe"
     name = getattr(func, "__name__", "")
     writes_first = (name.endswith("_") and not name.startswith("__")) or name in _IN_PLACE_DUNDERS
-    return OpKind(role, random, writes_first, _display_name(func, op))
+    try:
+        linear = LINEAR.get(func, "")
+    except TypeError:  # unhashable: in no table
+        linear = ""
+    return OpKind(role, random, writes_first, _display_name(func, op), linear)
 
 
 def _display_name(func: Any, op: tuple[str, str] | None) -> str:

@@ -32,7 +32,7 @@ from ._errors import MeshError, requires
 from ._mesh import Mesh, axes_size, axis_position
 from ._validate import Frozen, as_int
 
-__all__ = ["P", "NamedSharding", "PartitionSpec", "chunk_block", "global_shape_of", "placement_plan", "spec_from_plan"]
+__all__ = ["UNREDUCED", "P", "NamedSharding", "PartitionSpec", "chunk_block", "global_shape_of", "placement_plan", "spec_from_plan"]
 
 Entry = str | tuple[str, ...] | None
 
@@ -55,8 +55,30 @@ def _entry(value: object) -> Entry:
     raise TypeError(requires("PartitionSpec", "None, an axis name or a tuple of axis names per dim", "entry", value))
 
 
+def _unreduced(value: object, given: tuple[Entry, ...]) -> frozenset[str]:
+    """The axes a value is unreduced over: any iterable of names (one name alone as well), none on a dim."""
+    names = (value,) if isinstance(value, str) else value
+    try:
+        names = tuple(names)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(requires("PartitionSpec", "unreduced= an iterable of axis names", "unreduced",
+                                 value)) from None
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(requires("PartitionSpec", "str axis names in unreduced=", "name", name))
+        if not name:
+            raise MeshError(requires("PartitionSpec", "axis names that are non-empty", "unreduced", value))
+    split = {a for e in given if e is not None for a in ((e,) if isinstance(e, str) else e)}
+    both = sorted(split.intersection(names))
+    if both:
+        raise MeshError(requires("PartitionSpec", "each axis either splitting a dim or in unreduced=, not both",
+                                 "unreduced", set(names)) + f"; {both} also split a dim of "
+                        f"P({', '.join(map(repr, given))}): a value is sharded or pending a sum over an axis")
+    return frozenset(names)
+
+
 class PartitionSpec(Frozen):
-    """Per tensor dim: ``None``, an axis name, or a tuple of axis names.
+    """Per tensor dim: ``None``, an axis name, or a tuple of axis names; and the axes the value is unreduced over.
 
     Equal specs are interchangeable: equality and hash follow the entries as written, after each
     entry's normal form (``()`` is ``None``, ``("dp",)`` is ``"dp"``). Trailing ``None``s count, as
@@ -65,6 +87,11 @@ class PartitionSpec(Frozen):
     tensor they both fit the same way. ``entries`` is the spec without its trailing ``None``s: the
     dims that are split, and the replicated ones before them.
 
+    ``unreduced`` (JAX's ``P(unreduced=...)``, DTensor's ``Partial("sum")``): the axes over which
+    the value is a pending sum: each member holds a term, and the value meant is the sum of the
+    members' terms. Such an axis splits no dim. Iterating a spec, ``len`` and indexing see the
+    dims only.
+
     A plain ``__slots__`` value (see :class:`~functional_mesh._validate.Frozen`): its constructor
     takes the entries positionally, as JAX's does, which an attrs field cannot express.
 
@@ -72,9 +99,11 @@ class PartitionSpec(Frozen):
         *entries: one per tensor dim: ``None`` (replicated), an axis name, or a tuple (or list)
             of axis names (their product, first name major); ``()`` is ``None`` and ``("dp",)``
             is ``"dp"``.
+        unreduced: any iterable of axis names (or one name), over which the value is a pending
+            sum; default none.
 
     Raises:
-        MeshError: an empty axis name.
+        MeshError: an empty axis name, or an axis both splitting a dim and in ``unreduced``.
         TypeError: an entry of another type.
 
     Examples:
@@ -84,30 +113,66 @@ class PartitionSpec(Frozen):
         P(('dp', 'cp'), 'tp')
         >>> len(P("dp", None)), P("dp", None).entries
         (2, ('dp',))
+        >>> P("dp", unreduced={"tp"}), P("dp", unreduced=["tp"]) == P("dp", unreduced="tp")
+        (P('dp', unreduced={'tp'}), True)
     """
 
-    __slots__ = ("entries", "_given")
+    __slots__ = ("entries", "unreduced", "_given", "_key")
     entries: tuple[Entry, ...]  # without trailing Nones
-    _given: tuple[Entry, ...]  # as written, each entry in normal form: the value
+    unreduced: frozenset[str]  # the axes of a pending sum
+    _given: tuple[Entry, ...]  # as written, each entry in normal form
+    _key: tuple[Any, ...]  # the value: what equality compares (the entries, then the sorted unreduced axes)
 
-    def __init__(self, *entries: object) -> None:
+    def __init__(self, *entries: object, unreduced: object = ()) -> None:
         given = tuple(_entry(e) for e in entries)
         normal = list(given)
         while normal and normal[-1] is None:
             normal.pop()
+        pending = _unreduced(unreduced, given) if unreduced != () else frozenset()
         object.__setattr__(self, "entries", tuple(normal))
+        object.__setattr__(self, "unreduced", pending)
         object.__setattr__(self, "_given", given)
+        object.__setattr__(self, "_key", given + ((_UNREDUCED_KEY, *sorted(pending)),) if pending else given)
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """The spec as a plain tuple, which :meth:`from_key` turns back into it (a constant torch.compile
+        can hold, where a spec is only dynamo's record)."""
+        return self._key
+
+    @staticmethod
+    def from_key(key: tuple[Any, ...]) -> PartitionSpec:
+        """The spec whose :attr:`key` is ``key``.
+
+        Args:
+            key: what :attr:`key` gave.
+
+        Returns:
+            An equal spec.
+
+        Raises:
+            MeshError: a key no spec gave (an empty name, an axis both splitting and unreduced).
+            TypeError: a key no spec gave (an entry of another type).
+
+        Examples:
+            >>> spec = P("dp", None, unreduced={"tp"})
+            >>> P.from_key(spec.key) == spec, P.from_key(P("dp").key)
+            (True, P('dp'))
+        """
+        if key and isinstance(key[-1], tuple) and key[-1][:1] == (_UNREDUCED_KEY,):
+            return PartitionSpec(*key[:-1], unreduced=key[-1][1:])
+        return PartitionSpec(*key)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, PartitionSpec):
             return NotImplemented
-        return self._given == other._given
+        return self._key == other._key
 
     def __hash__(self) -> int:
-        return hash(self._given)
+        return hash(self._key)
 
     def __reduce__(self):
-        return (PartitionSpec, self._given)
+        return (PartitionSpec.from_key, (self._key,))
 
     def __len__(self) -> int:
         return len(self._given)
@@ -137,8 +202,13 @@ class PartitionSpec(Frozen):
         return () if e is None else (e,) if isinstance(e, str) else e
 
     def __repr__(self) -> str:
-        return f"P({', '.join(map(repr, self._given))})"
+        parts = [repr(e) for e in self._given]
+        if self.unreduced:
+            parts.append("unreduced={" + ", ".join(map(repr, sorted(self.unreduced))) + "}")
+        return f"P({', '.join(parts)})"
 
+
+_UNREDUCED_KEY = None  # starts the tuple of unreduced axes in a spec's key (a dim's tuple holds names only)
 
 P = PartitionSpec
 
@@ -193,6 +263,8 @@ class NamedSharding:
                         requires("NamedSharding", "each mesh axis at most once in the spec", "spec", spec)
                         + f"; axis {name!r} splits dims {seen[name]} and {dim}", mesh=mesh)
                 seen[name] = dim
+        for name in sorted(spec.unreduced):
+            axis_position(mesh, name, "NamedSharding")
         object.__setattr__(self, "mesh", mesh)
         object.__setattr__(self, "spec", spec)
 
@@ -272,8 +344,9 @@ class NamedSharding:
 
     @property
     def is_fully_replicated(self) -> bool:
-        """True when no axis of size > 1 splits any dim: every device holds the whole tensor."""
-        return all(self.mesh.axis_size(n) == 1 for d in range(len(self.spec)) for n in self.spec.axes_of(d))
+        """True when no axis of size > 1 splits any dim or holds a pending sum: every device holds the whole tensor."""
+        return all(self.mesh.axis_size(n) == 1 for d in range(len(self.spec)) for n in self.spec.axes_of(d)) and \
+            all(self.mesh.axis_size(n) == 1 for n in self.spec.unreduced)
 
     @property
     def placements(self) -> tuple[Any, ...]:
@@ -318,8 +391,11 @@ def chunk_block(shape: Sequence[int], splits: Sequence[Sequence[tuple[int, int]]
     return tuple(out)
 
 
-def placement_plan(sharding: NamedSharding) -> tuple[tuple[int, int | None] | None, ...]:
-    """Per mesh axis: ``None`` (replicated) or ``(dim, split_factor)``: DTensor's placements as values.
+UNREDUCED = "sum"  # a mesh axis's placement-plan entry for a pending sum over it: DTensor's Partial("sum")
+
+
+def placement_plan(sharding: NamedSharding) -> tuple[tuple[int, int | None] | str | None, ...]:
+    """Per mesh axis: ``None`` (replicated), ``(dim, split_factor)`` or :data:`UNREDUCED`: DTensor's placements as values.
 
     An axis that splits dim ``d`` is ``(d, None)``, DTensor's ``Shard(d)``, when the axes of ``d`` are
     listed in mesh order (DTensor applies placements in mesh order, each splitting the previous
@@ -335,16 +411,20 @@ def placement_plan(sharding: NamedSharding) -> tuple[tuple[int, int | None] | No
         for j, name in enumerate(axes):
             later_outer = [a for a in axes[:j] if order[a] > order[name]]
             plan[order[name]] = (d, axes_size(mesh, later_outer) if later_outer else None)
+    for name in spec.unreduced:
+        plan[order[name]] = UNREDUCED
     return tuple(plan)
 
 
-def spec_from_plan(api: str, mesh: Mesh, plan: Sequence[tuple[int, int | None] | None]) -> PartitionSpec:
+def spec_from_plan(api: str, mesh: Mesh, plan: Sequence[tuple[int, int | None] | str | None]) -> PartitionSpec:
     """The ``PartitionSpec`` whose placement plan on ``mesh`` is ``plan`` (inverse of :func:`placement_plan`).
 
     Axes splitting one dim are tried in every order (a dim has few axes); a plan no spec expresses
     is a ``MeshError``.
     """
     by_dim: dict[int, list[str]] = {}
+    unreduced = [name for name, p in zip(mesh.axis_names, plan, strict=True) if p == UNREDUCED]
+    plan = [None if p == UNREDUCED else p for p in plan]
     for name, p in zip(mesh.axis_names, plan, strict=True):
         if p is not None:
             by_dim.setdefault(p[0], []).append(name)
@@ -359,4 +439,4 @@ def spec_from_plan(api: str, mesh: Mesh, plan: Sequence[tuple[int, int | None] |
         else:
             raise MeshError(requires(api, "placements that a PartitionSpec can express", "placements", tuple(plan)),
                             mesh=mesh)
-    return PartitionSpec(*entries)
+    return PartitionSpec(*entries, unreduced=unreduced)

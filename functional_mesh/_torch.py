@@ -69,27 +69,28 @@ __all__ = ["PlacementPlan", "abort_groups", "all_gather", "all_reduce", "all_to_
            "reduce_scatter", "register_flattened", "set_group_desc", "to_placements", "torch_function_mode_active",
            "trace_time_error", "unregister_flattened"]
 
-# Per mesh axis: None (replicated) or (tensor dim, split factor): a factor of None is Shard(dim),
-# an int is _StridedShard(dim, split_factor=factor). Built by functional_mesh._sharding.placement_plan.
-PlacementPlan = tuple[tuple[int, int | None] | None, ...]
+# Per mesh axis: None (replicated), (tensor dim, split factor) (a factor of None is Shard(dim), an int
+# _StridedShard(dim, split_factor=factor)) or "sum" (a pending sum: Partial("sum")). Built by
+# functional_mesh._sharding.placement_plan.
+PlacementPlan = tuple[tuple[int, int | None] | str | None, ...]
 
 
 def to_placements(plan: PlacementPlan) -> tuple[Any, ...]:
-    """DTensor placements for a placement plan, one per mesh axis."""
+    """DTensor placements for a placement plan, one per mesh axis (``"sum"``: ``Partial("sum")``)."""
     # DTensor is imported on first use: it costs ~0.6 s, and realize and the collectives never need it
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
-    return tuple(Replicate() if p is None else Shard(p[0]) if p[1] is None else _StridedShard(p[0], split_factor=p[1])
-                 for p in plan)
+    return tuple(Replicate() if p is None else Partial("sum") if p == "sum" else Shard(p[0]) if p[1] is None
+                 else _StridedShard(p[0], split_factor=p[1]) for p in plan)
 
 
 def from_placements(api: str, placements: Sequence[Any], mesh: Any = None) -> PlacementPlan:
-    """The placement plan of DTensor placements; a ``Partial`` (a pending reduction) is a ``MeshError``."""
-    from torch.distributed.tensor import Replicate, Shard
+    """The placement plan of DTensor placements; a ``Partial`` other than a sum is a ``MeshError``."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
-    plan: list[tuple[int, int | None] | None] = []
+    plan: list[tuple[int, int | None] | str | None] = []
     for placement in placements:
         if isinstance(placement, _StridedShard):  # a subclass of Shard on some torch versions: test it first
             plan.append((placement.dim, placement.split_factor))
@@ -97,10 +98,12 @@ def from_placements(api: str, placements: Sequence[Any], mesh: Any = None) -> Pl
             plan.append((placement.dim, None))
         elif isinstance(placement, Replicate):
             plan.append(None)
+        elif isinstance(placement, Partial) and placement.reduce_op == "sum":
+            plan.append("sum")
         else:
-            raise MeshError(requires(api, "Shard or Replicate placements (a Partial is a pending reduction: "
-                                     "redistribute it to Replicate first)", "placement", placement,
-                                     "Shard, _StridedShard, Replicate"), mesh=mesh)
+            raise MeshError(requires(api, "Shard, Replicate or Partial('sum') placements (a PartitionSpec has no "
+                                     "other pending reduction: redistribute it first)", "placement", placement,
+                                     "Shard, _StridedShard, Replicate, Partial('sum')"), mesh=mesh)
     return tuple(plan)
 
 

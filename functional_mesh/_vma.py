@@ -2,11 +2,19 @@
 
 Inside a region with ``check_vma=True`` every tensor carries the set of mesh axes it *varies*
 over (JAX's "vma"); over every other axis of the region's mesh it is *invariant* (the same on
-every rank of that axis). The lattice is two-valued per axis, so one default rule types nearly
-every op: the result varies over the union of its operands' axes, and an operand invariant
-where the result varies is first cast (``pvary``: identity forward, ``psum`` backward). The
-collectives are the exceptions; their rules are here, next to the default, as pure functions
-of types that return a :class:`Rule`: per operand the axes to cast first, and the result type.
+every rank of that axis). Between invariant and varying, one default rule types nearly every op:
+the result varies over the union of its operands' axes, and an operand invariant where the
+result varies is first cast (``pvary``: identity forward, ``psum`` backward). The collectives are
+the exceptions; their rules are here, next to the default, as pure functions of types that
+return a :class:`Rule`: per operand the axes to cast first, and the result type.
+
+A third type per axis, *unreduced* (JAX's ``unreduced``, DTensor's ``Partial("sum")``): each
+member holds a term and the value meant is the sum of the members' terms. A value unreduced over
+an axis is not varying over it; only linear ops keep it (:func:`pending_op_rule`), and a
+``psum`` (invariant) or ``psum_scatter`` (varying) ends it. A pending sum's cotangent is the
+same on every member (replicated, as psum's), so an operand multiplied into a pending sum gets a
+gradient that is itself a term of a sum: the rule names it, and the region sums it over the axes
+(a cast whose backward is the ``psum``).
 
 Nothing here runs an op: ``_op_rules.py`` maps torch functions to these rules and
 ``_shard_map.py`` interprets them. Type errors are :class:`VmaError`, a ``MeshError`` (so a
@@ -22,27 +30,40 @@ from typing import Any
 
 from ._errors import MeshError
 
-__all__ = ["AxisTypes", "Rule", "VmaError", "axis_index_rule", "check_write", "default_rule", "gather_rule",
-           "invariant_gather_rule", "op_error", "out_specs_error", "pvary_rule", "psum_rule", "psum_scatter_rule",
-           "random_rule", "set_repr", "spread_rule"]
+__all__ = ["LINEAR_KINDS", "AxisTypes", "Rule", "VmaError", "axis_index_rule", "check_write", "default_rule",
+           "gather_rule", "invariant_gather_rule", "op_error", "out_specs_error", "pending_collective_error",
+           "pending_out_specs_error", "pending_op_rule", "pending_psum_rule", "pending_pvary_rule",
+           "pending_scatter_rule", "pvary_rule", "psum_rule", "psum_scatter_rule", "random_rule", "set_repr",
+           "spread_rule", "unreduced_cast_rule"]
 
 
 @dataclass(frozen=True, slots=True)
 class AxisTypes:
-    """What :func:`functional_mesh.typeof` returns: the mesh axes a local tensor varies over."""
+    """What :func:`functional_mesh.typeof` returns: the mesh axes a local tensor varies over, and the
+    axes over which it is unreduced (a pending sum); over every other axis it is invariant."""
 
     varying: frozenset[str]
+    unreduced: frozenset[str] = frozenset()
 
     def __repr__(self) -> str:
+        if self.unreduced:
+            return f"AxisTypes(varying={set_repr(self.varying)}, unreduced={set_repr(self.unreduced)})"
         return f"AxisTypes(varying={set_repr(self.varying)})"
 
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """The typing of one op: per tensor operand the axes to ``pvary`` first, and the result's type."""
+    """The typing of one op: per tensor operand the axes to ``pvary`` first, and the result's type.
+
+    ``unreduced``: the axes the result is a pending sum over. ``sums``: per tensor operand, the
+    axes its gradient is summed over although its type does not change (an operand multiplied
+    into a pending sum: its local gradient is one term of the sum); empty for most ops.
+    """
 
     casts: tuple[frozenset[str], ...]
     result: frozenset[str]
+    unreduced: frozenset[str] = frozenset()
+    sums: tuple[frozenset[str], ...] = ()
 
 
 class VmaError(MeshError):
@@ -185,6 +206,166 @@ def invariant_gather_rule(api: str, operand: frozenset[str], axes: frozenset[str
 def axis_index_rule(axes: frozenset[str]) -> Rule:
     """``axis_index``: a value that varies over exactly its axes."""
     return Rule((), axes)
+
+
+# -- pending sums (unreduced) ------------------------------------------------------------------------------
+#
+# Which ops are linear, and how: ``_op_rules`` names each torch function's kind, one of these.
+# "unary": one value operand (views, reshapes, neg, sum, ...): the sum of the members' results is
+# the result of the sum. "add": its first two arguments, both pending over the same axes. "cat":
+# its first argument, a sequence of values pending over the same axes. "mul": its first two
+# arguments, one pending and the other invariant over those axes (or a number). "div": its first
+# argument pending, its second invariant. "factors": every tensor operand a factor (matmul,
+# einsum, linear without bias): one pending, the others invariant over those axes.
+LINEAR_KINDS = ("unary", "add", "cat", "mul", "div", "factors")
+
+_PSUM_FIRST = "psum (invariant) or psum_scatter (varying) over {axes} first, e.g. fm.psum(x, {axis!r})"
+
+
+def _fix(axes: frozenset[str]) -> str:
+    names = tuple(sorted(axes))
+    return _PSUM_FIRST.format(axes=names if len(names) > 1 else repr(names[0]),
+                              axis=names if len(names) > 1 else names[0])
+
+
+def _described(operands: Sequence[tuple[object, frozenset[str], frozenset[str]]]) -> str:
+    parts = []
+    for shape, varying, unreduced in operands:
+        t = f"V:{','.join(sorted(varying))}" + (f" U:{','.join(sorted(unreduced))}" if unreduced else "")
+        parts.append(f"{list(shape)}{{{t}}}")  # type: ignore[call-overload]
+    return ", ".join(parts) or "none"
+
+
+def pending_op_rule(op: str, kind: str, operands: Sequence[tuple[object, frozenset[str], frozenset[str]]],
+                    roles: Sequence[str], adds_number: bool = False) -> Rule:
+    """The rule of an op with at least one operand unreduced (a pending sum).
+
+    ``kind``: the op's linearity (one of :data:`LINEAR_KINDS`, or "" for a nonlinear op).
+    ``operands``: per tensor operand ``(shape, varying, unreduced)``; ``roles``: per tensor operand,
+    what the op does with it: "value" (a term or factor) or "other" (an index, a shape to copy,
+    ...); ``adds_number``: an op that adds gets a number as a term. Raises a ``VmaError`` naming the op, the axes and the fix: a nonlinear op, a sum with a
+    value that is not pending over the same axes, a product of two pending sums or of a pending
+    sum with a value that varies over its axes.
+    """
+    pending = frozenset().union(*(u for _, _, u in operands))
+    values = [(i, v, u) for i, ((_, v, u), role) in enumerate(zip(operands, roles, strict=True)) if role == "value"]
+    others = [u for (_, _, u), role in zip(operands, roles, strict=True) if role == "other"]
+    axes_text = tuple(sorted(pending))
+    where = f"operands: {_described(operands)}"
+    if not kind:
+        raise VmaError(f"`{op}` is not linear, so it cannot take a value unreduced over {axes_text} (a pending sum: "
+                       f"each member holds a term, and `{op}` of the terms does not add up to `{op}` of the sum); "
+                       f"{_fix(pending)}; {where}")
+    if any(others):
+        raise VmaError(f"`{op}` uses a value unreduced over {axes_text} as an index, shape or mask, where it needs "
+                       f"the value itself; {_fix(pending)}; {where}")
+    if kind in ("unary", "add", "cat"):
+        if adds_number:
+            raise VmaError(f"`{op}` adds a number to a value unreduced over {axes_text}: every member would add it "
+                           f"to its term, so the sum would hold it once per member (implicit communication); "
+                           f"{_fix(pending)}, then add it; {where}")
+        mismatch = [u for _, _, u in values if u != pending]
+        if mismatch:
+            raise VmaError(f"`{op}` combines a value unreduced over {axes_text} with one that is not (its terms would "
+                           f"be added once per member: implicit communication); make every operand unreduced over "
+                           f"the same axes (fm.pcast(y, axis, to='unreduced') of a varying y), or {_fix(pending)}; "
+                           f"{where}")
+        result = _default_over([v for _, v, _ in operands])
+        return Rule(_casts([v for _, v, _ in operands], result), result, pending)
+    # the products: exactly one pending factor, the others invariant over its axes
+    factors = values if kind != "div" else values[:1]
+    pending_factors = [i for i, _, u in factors if u]
+    if kind == "div" and (not values or not values[0][2] or any(u for _, _, u in values[1:])):
+        raise VmaError(f"`{op}` divides by a value unreduced over {axes_text}: the reciprocal of a sum is not the "
+                       f"sum of reciprocals; {_fix(pending)}; {where}")
+    if len(pending_factors) > 1 or any(u for _, _, u in values[1:] if kind == "div"):
+        raise VmaError(f"`{op}` multiplies two values unreduced over {axes_text}: the product of two pending sums is "
+                       f"not the sum of the members' products; psum one of them over {axes_text} first; {where}")
+    mine = values[0][2] if kind == "div" else next(u for _, _, u in factors if u)
+    clash = [(i, v & mine) for i, v, u in values if not u and v & mine]
+    if clash:
+        raise VmaError(f"`{op}` multiplies a value unreduced over {tuple(sorted(mine))} by one that varies over "
+                       f"{sorted(clash[0][1])}: each member's term would be scaled by a different factor, which is "
+                       f"no product of the sum; {_fix(mine)}, or psum the other factor; {where}")
+    result = _default_over([v for _, v, _ in operands])
+    sums = tuple(mine if (role == "value" and not u) else frozenset()
+                 for (_, _, u), role in zip(operands, roles, strict=True))
+    return Rule(_casts([v for _, v, _ in operands], result), result, mine, sums)
+
+
+def _default_over(varying: Sequence[frozenset[str]]) -> frozenset[str]:
+    return frozenset().union(*varying)
+
+
+def pending_collective_error(api: str, unreduced: frozenset[str], axes: frozenset[str]) -> VmaError:
+    """A collective that moves members' values (gather, exchange, permute, max, ...) of a pending sum."""
+    names = tuple(sorted(unreduced))
+    return VmaError(f"`{api}` over {tuple(sorted(axes))} requires a value that is not unreduced, but got one unreduced "
+                    f"over {names} (a pending sum: `{api}` would move or compare its terms, not the sum); reduce "
+                    f"first: {_fix(unreduced)}")
+
+
+def pending_psum_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
+    """``psum``/``pmean`` of a value unreduced over some axes: invariant over ``axes``, which ends the
+    pending sum over them (the others stay pending). Over a tuple, the axes must each be varying or
+    unreduced, or all invariant (as :func:`psum_rule`)."""
+    reduced = varying | (unreduced & axes)
+    _check_not_mixed(api, reduced, axes)
+    return Rule((axes - reduced,), varying - axes, unreduced - axes)
+
+
+def pending_scatter_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
+    """``psum_scatter`` of a pending sum: each member's block of the sum, varying over ``axes``."""
+    reduced = varying | (unreduced & axes)
+    _check_not_mixed(api, reduced, axes)
+    return Rule((axes - reduced,), varying | axes, unreduced - axes)
+
+
+def pending_pvary_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
+    """``pvary`` of a value pending over other axes: those stay pending; over its own axes it is an error."""
+    if unreduced & axes:
+        raise pending_collective_error(api, unreduced & axes, axes)
+    rule = pvary_rule(api, varying, axes)
+    return Rule(rule.casts, rule.result, unreduced)
+
+
+def unreduced_cast_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
+    """``pcast(x, axes, to="unreduced")``: a value varying over ``axes`` becomes a pending sum over them.
+
+    From invariant it is an error, as in JAX: every member holds the whole value, so the sum of
+    the members' would be ``n`` times it.
+    """
+    already = axes & unreduced
+    if already:
+        raise VmaError(f"`{api}` requires a value varying over the axes it casts to unreduced, but got one already "
+                       f"unreduced over {sorted(already)}; drop those axes from the call")
+    invariant = axes - varying
+    if invariant:
+        raise VmaError(f"`{api}` requires a value varying over the axes it casts to unreduced, but got one invariant "
+                       f"over {sorted(invariant)} (its varying axes: {set_repr(varying)}): every member holds the "
+                       f"whole value, so the sum of the members' would be {'/'.join(sorted(invariant))}-size times "
+                       f"it; cast it to varying first (fm.pcast(x, {tuple(sorted(invariant))!r}, to='varying')) "
+                       f"if that sum is meant, or divide by fm.axis_size first")
+    return Rule((frozenset(),), varying - axes, unreduced | axes)
+
+
+def pending_out_specs_error(failures: Sequence[tuple[str, frozenset[str], frozenset[str], frozenset[str], str]]
+                            ) -> VmaError:
+    """Results whose pending sums differ from what their out_specs say: ``(path, varying, unreduced,
+    unreduced in the spec, spec)`` per result."""
+    lines = []
+    for path, _, unreduced, named, spec in failures:
+        extra, missing = sorted(unreduced - named), sorted(named - unreduced)
+        if extra:
+            lines.append(f"  {path}: unreduced over {extra} (a pending sum), but its out_spec {spec} does not say so; "
+                         f"{_fix(frozenset(extra))}, or name {extra} in P(..., unreduced=...)")
+        if missing:
+            lines.append(f"  {path}: invariant over {missing}, but its out_spec {spec} says unreduced over them (a "
+                         f"pending sum, whose terms add up to the value); an invariant value is no such sum: "
+                         f"return it replicated (drop {missing} from unreduced=)")
+    return VmaError("`shard_map` requires each result to be unreduced over exactly the axes its out_spec names in "
+                    f"unreduced=, but {len(failures)} result{'s' if len(failures) != 1 else ''} differ"
+                    f"{'' if len(failures) != 1 else 's'}:\n" + "\n".join(lines))
 
 
 def _shapes(shapes: Sequence[object]) -> str:
