@@ -231,7 +231,8 @@ def _fix(axes: frozenset[str]) -> str:
 def _described(operands: Sequence[tuple[object, frozenset[str], frozenset[str]]]) -> str:
     parts = []
     for shape, varying, unreduced in operands:
-        t = f"V:{','.join(sorted(varying))}" + (f" U:{','.join(sorted(unreduced))}" if unreduced else "")
+        t = " ".join(([f"V:{','.join(sorted(varying))}"] if varying or not unreduced else [])
+                     + ([f"U:{','.join(sorted(unreduced))}"] if unreduced else []))
         parts.append(f"{list(shape)}{{{t}}}")  # type: ignore[call-overload]
     return ", ".join(parts) or "none"
 
