@@ -10,7 +10,7 @@ return a :class:`Rule`: per operand the axes to cast first, and the result type.
 
 A third type per axis, *unreduced* (JAX's ``unreduced``, DTensor's ``Partial("sum")``): each
 member holds a term and the value meant is the sum of the members' terms. A value unreduced over
-an axis is not varying over it; only linear ops keep it (:func:`pending_op_rule`), and a
+an axis is not varying over it; only linear ops keep it (:func:`unreduced_op_rule`), and a
 ``psum`` (invariant) or ``psum_scatter`` (varying) ends it. A pending sum's cotangent is the
 same on every member (replicated, as psum's), so an operand multiplied into a pending sum gets a
 gradient that is itself a term of a sum: the rule names it, and the region sums it over the axes
@@ -31,10 +31,10 @@ from typing import Any
 from ._errors import MeshError
 
 __all__ = ["LINEAR_KINDS", "AxisTypes", "Rule", "VmaError", "axis_index_rule", "check_write", "default_rule",
-           "gather_rule", "invariant_gather_rule", "op_error", "out_specs_error", "pending_collective_error",
-           "pending_out_specs_error", "pending_op_rule", "pending_psum_rule", "pending_pvary_rule",
-           "pending_scatter_rule", "pvary_rule", "psum_rule", "psum_scatter_rule", "random_rule", "set_repr",
-           "spread_rule", "unreduced_cast_rule"]
+           "gather_rule", "invariant_gather_rule", "op_error", "out_specs_error", "psum_rule", "psum_scatter_rule",
+           "pvary_rule", "random_rule", "set_repr", "spread_rule", "unreduced_cast_rule", "unreduced_collective_error",
+           "unreduced_op_rule", "unreduced_out_specs_error", "unreduced_psum_rule", "unreduced_pvary_rule",
+           "unreduced_scatter_rule"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +237,7 @@ def _described(operands: Sequence[tuple[object, frozenset[str], frozenset[str]]]
     return ", ".join(parts) or "none"
 
 
-def pending_op_rule(op: str, kind: str, operands: Sequence[tuple[object, frozenset[str], frozenset[str]]],
+def unreduced_op_rule(op: str, kind: str, operands: Sequence[tuple[object, frozenset[str], frozenset[str]]],
                     roles: Sequence[str], adds_number: bool = False) -> Rule:
     """The rule of an op with at least one operand unreduced (a pending sum).
 
@@ -298,7 +298,7 @@ def _default_over(varying: Sequence[frozenset[str]]) -> frozenset[str]:
     return frozenset().union(*varying)
 
 
-def pending_collective_error(api: str, unreduced: frozenset[str], axes: frozenset[str]) -> VmaError:
+def unreduced_collective_error(api: str, unreduced: frozenset[str], axes: frozenset[str]) -> VmaError:
     """A collective that moves members' values (gather, exchange, permute, max, ...) of a pending sum."""
     names = tuple(sorted(unreduced))
     return VmaError(f"`{api}` over {tuple(sorted(axes))} requires a value that is not unreduced, but got one unreduced "
@@ -306,7 +306,7 @@ def pending_collective_error(api: str, unreduced: frozenset[str], axes: frozense
                     f"first: {_fix(unreduced)}")
 
 
-def pending_psum_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
+def unreduced_psum_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
     """``psum``/``pmean`` of a value unreduced over some axes: invariant over ``axes``, which ends the
     pending sum over them (the others stay pending). Over a tuple, the axes must each be varying or
     unreduced, or all invariant (as :func:`psum_rule`)."""
@@ -315,17 +315,17 @@ def pending_psum_rule(api: str, varying: frozenset[str], unreduced: frozenset[st
     return Rule((axes - reduced,), varying - axes, unreduced - axes)
 
 
-def pending_scatter_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
+def unreduced_scatter_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
     """``psum_scatter`` of a pending sum: each member's block of the sum, varying over ``axes``."""
     reduced = varying | (unreduced & axes)
     _check_not_mixed(api, reduced, axes)
     return Rule((axes - reduced,), varying | axes, unreduced - axes)
 
 
-def pending_pvary_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
+def unreduced_pvary_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
     """``pvary`` of a value pending over other axes: those stay pending; over its own axes it is an error."""
     if unreduced & axes:
-        raise pending_collective_error(api, unreduced & axes, axes)
+        raise unreduced_collective_error(api, unreduced & axes, axes)
     rule = pvary_rule(api, varying, axes)
     return Rule(rule.casts, rule.result, unreduced)
 
@@ -350,7 +350,7 @@ def unreduced_cast_rule(api: str, varying: frozenset[str], unreduced: frozenset[
     return Rule((frozenset(),), varying - axes, unreduced | axes)
 
 
-def pending_out_specs_error(failures: Sequence[tuple[str, frozenset[str], frozenset[str], frozenset[str], str]]
+def unreduced_out_specs_error(failures: Sequence[tuple[str, frozenset[str], frozenset[str], frozenset[str], str]]
                             ) -> VmaError:
     """Results whose pending sums differ from what their out_specs say: ``(path, varying, unreduced,
     unreduced in the spec, spec)`` per result."""
