@@ -31,6 +31,7 @@ tracing, and the compiled code holds the ops, casts and collectives only.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -65,6 +66,7 @@ _NO_COMPILED_REGIONS = (
     "that communicate nothing (torch.compile functions without collectives, called in a region with "
     "check_vma=False)")
 _TAG = "_functional_mesh_vma"  # the attribute that holds a tensor's type inside an eager typed region
+_CAST = "_functional_mesh_cast"  # the attribute that holds a tensor's implicit casts inside an eager typed region
 
 
 class _Tag:
@@ -74,6 +76,18 @@ class _Tag:
 
     def __init__(self, region: _Region, axes: frozenset[str]) -> None:
         self.region, self.axes = region, axes
+
+
+class _Casts:
+    """A tensor's implicit casts in one eager region (:meth:`_Region.cast`): per axes, the tensor's
+    ``_version`` when it was cast and the cast; valid while ``region`` is the region and ``tag`` the
+    tensor's type."""
+
+    __slots__ = ("region", "tag", "by_axes")
+
+    def __init__(self, region: _Region, tag: _Tag | None) -> None:
+        self.region, self.tag = region, tag
+        self.by_axes: dict[frozenset[str], tuple[int, torch.Tensor]] = {}
 
 
 class _Region:
@@ -87,7 +101,8 @@ class _Region:
     and are no part of the compiled code.
     """
 
-    __slots__ = ("rm", "check_vma", "axes", "traced", "trace", "types", "tags", "sources", "random", "entered")
+    __slots__ = ("rm", "check_vma", "axes", "traced", "trace", "types", "tags", "sources", "random", "entered",
+                 "casts")
 
     def __init__(self, rm: RealizedMesh, check_vma: bool) -> None:
         self.rm = rm
@@ -102,6 +117,11 @@ class _Region:
         self.sources: Any = None
         self.random = False  # whether a random op ran (the out_specs error then says why values vary)
         self.entered: list[torch.Tensor] = []  # tensors typed at the boundary (their tags go at exit)
+        # the implicit casts made (cast): under torch.compile traced tensor -> {axes: (version, cast)}; eagerly
+        # they are an attribute of the tensor (a _Casts) and this lists the tensors that hold one (weakly: a
+        # cast must not keep a tensor alive), whose attributes go at exit
+        self.casts: Any = {} if self.traced else []
+
 
     def type_of(self, t: torch.Tensor) -> frozenset[str]:
         """The axes ``t`` varies over; a tensor the region never saw (created outside) is invariant."""
@@ -156,10 +176,49 @@ class _Region:
                 del t.__dict__[_TAG]
 
     def cast(self, x: torch.Tensor, axes: frozenset[str]) -> torch.Tensor:
-        """The implicit ``pvary``: identity forward, ``psum`` over ``axes`` backward."""
+        """The implicit ``pvary``: identity forward, ``psum`` over ``axes`` backward.
+
+        Made once per tensor and axes while the tensor is unchanged (its ``_version``; its type too,
+        eagerly), and reused: an invariant weight used k times in a region is cast once, so the
+        cotangents of its k uses add up before the one ``psum`` of its backward, not after k of them.
+        """
+        version = x._version
+        if self.traced:
+            held = self.casts.get(x)
+        else:
+            tag = getattr(x, _TAG, None)
+            held = getattr(x, _CAST, None)
+            if held is not None and (held.region is not self or held.tag is not tag):
+                held = None  # another region's, or made when the tensor had another type
+        if held is not None:
+            hit = held.get(axes) if self.traced else held.by_axes.get(axes)
+            if hit is not None and hit[0] == version:
+                return hit[1]
         y = _pvary(self.rm, x, tuple(sorted(axes)))
         self.record(y, self.type_of(x) | axes)
+        if self.traced:
+            self.casts.setdefault(x, {})[axes] = (version, y)
+        else:
+            if held is None:
+                old = getattr(x, _CAST, None)
+                if old is None or old.region is not self:
+                    self.casts.append(weakref.ref(x))
+                held = x.__dict__[_CAST] = _Casts(self, tag)
+            held.by_axes[axes] = (version, y)
         return y
+
+    def forget_casts(self) -> None:
+        """Remove this region's casts from the tensors that hold one (at exit)."""
+        if self.traced:
+            self.casts.clear()
+            return
+        for ref in self.casts:
+            t = ref()
+            if t is not None:
+                held = t.__dict__.get(_CAST)
+                if held is not None and held.region is self:
+                    del t.__dict__[_CAST]
+        self.casts.clear()
 
     # -- collectives: every one through its record ----------------------------------------------------
 
@@ -271,6 +330,13 @@ class _TypedMode(TorchFunctionMode):
                 f"`{kind.name}` (torch.distributed) writes a result whose type a typed shard_map region cannot "
                 f"know: it would leave a tensor typed invariant while its values differ across ranks; use "
                 f"{C.RAW[func]} by axis name instead, or run this region with check_vma=False")
+        if kind.role == "op" and not kind.random and not kind.writes_first and not region.traced:
+            joined = _joined(region, args, kwargs)
+            if joined is not None:  # operands of several types, flat: each cast up to their join, then run
+                args, kwargs, result = joined
+                out = func(*args, **kwargs) if kwargs else func(*args)
+                region.record(out, result)
+                return out
         flat, tree = _operands(args, kwargs)
         positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
         operands = [region.type_of(flat[i]) for i in positions]
@@ -323,6 +389,56 @@ def _one_type(region: _Region, args: tuple, kwargs: dict | None) -> frozenset[st
                 if not (isinstance(v, (list, tuple)) and all(isinstance(e, int) for e in v)):
                     return None
     return _NOTHING if same is None else same
+
+
+def _joined(region: _Region, args: tuple, kwargs: dict) -> tuple[tuple, dict, frozenset[str]] | None:
+    """The eager path of a flat op whose tensor operands differ in type (an invariant weight into a
+    varying activation): its arguments with every operand cast up to the join (the default rule;
+    casts are cached per tensor, :meth:`_Region.cast`), and the join. ``None`` (the general path)
+    for an argument that is a container of anything but ints, or a call that writes (``out=``,
+    ``inplace=``)."""
+    types = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            tag = getattr(a, _TAG, None)
+            types.append(tag.axes if tag is not None and tag.region is region else _NOTHING)
+        elif isinstance(a, (list, tuple)):
+            for e in a:
+                if not isinstance(e, int):
+                    return None
+        elif isinstance(a, dict):
+            return None
+    keys = None
+    if kwargs:
+        for k, v in kwargs.items():
+            if k == "out" or k == "inplace":
+                return None
+            if isinstance(v, torch.Tensor):
+                tag = getattr(v, _TAG, None)
+                types.append(tag.axes if tag is not None and tag.region is region else _NOTHING)
+                keys = [k] if keys is None else [*keys, k]
+            elif isinstance(v, (list, tuple)):
+                for e in v:
+                    if not isinstance(e, int):
+                        return None
+            elif isinstance(v, dict):
+                return None
+    rule = _default_rule(types)
+    casts = rule.casts
+    i, cast_args = 0, []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if casts[i]:
+                a = region.cast(a, casts[i])
+            i += 1
+        cast_args.append(a)
+    if keys is not None:
+        kwargs = dict(kwargs)
+        for k in keys:
+            if casts[i]:
+                kwargs[k] = region.cast(kwargs[k], casts[i])
+            i += 1
+    return tuple(cast_args), kwargs, rule.result
 
 
 def _operands(args: tuple, kwargs: dict) -> tuple[list[Any], Any]:
@@ -482,6 +598,7 @@ def _call(f: Callable[..., Any], mesh: RealizedMesh | None, check_vma: bool, in_
     finally:
         for t in region.entered:  # the arguments' tensors carry no type out of the region
             region.forget(t)
+        region.forget_casts()
 
 
 @torch.compiler.assume_constant_result
