@@ -55,16 +55,26 @@ __all__ = ["shard_map", "typeof"]
 
 _NOTHING: frozenset[str] = frozenset()
 
-# Whether this torch's dynamo can trace a region (read at import). torch 2.11's cannot take a RealizedMesh
-# as a constant of the trace (AsPythonConstantNotImplementedError), 2.12's stops with an internal
-# NotImplementedError; 2.13 traces one whole. No attribute tells these apart: the release does.
-COMPILED_REGIONS = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
+# Whether this torch's dynamo can trace a region: a feature probe (_torch.region_trace_failure), run on the
+# first compiled region and kept, so it costs nothing at import or eagerly. torch 2.11's dynamo cannot take a
+# RealizedMesh as a constant of the trace (AsPythonConstantNotImplementedError), 2.12's stops with an internal
+# NotImplementedError (a guard on a constant's frozenset); 2.13 traces one whole. The probe tries both in
+# miniature; the release number decides nothing.
 _NO_COMPILED_REGIONS = (
-    f"`shard_map` requires torch >= 2.13 to run a region under torch.compile, but got torch {torch.__version__}, "
-    "whose dynamo cannot trace one; run the region eagerly (call it outside the compiled function, or wrap it in "
-    "torch.compiler.disable, which a compiled model calls across a graph break), or compile the body's parts "
-    "that communicate nothing (torch.compile functions without collectives, called in a region with "
-    "check_vma=False)")
+    "`shard_map` requires torch >= 2.13 (a dynamo that traces a region) to run a region under torch.compile, but "
+    "got torch {}, whose dynamo cannot trace one (a probe of what a region does failed: {}); run the region "
+    "eagerly (call it outside the compiled function, or wrap it in torch.compiler.disable, which a compiled model "
+    "calls across a graph break), or compile the body's parts that communicate nothing (torch.compile functions "
+    "without collectives, called in a region with check_vma=False)")
+
+
+@torch.compiler.assume_constant_result
+def _no_compiled_regions() -> str:
+    """Why this torch cannot compile a region ("" where it can), as a constant of the trace."""
+    failure = _torch.region_trace_failure()
+    return "" if failure is None else _NO_COMPILED_REGIONS.format(torch.__version__, failure)
+
+
 _TAG = "_functional_mesh_vma"  # the attribute that holds a tensor's type inside an eager typed region
 _CAST = "_functional_mesh_cast"  # the attribute that holds a tensor's implicit casts inside an eager typed region
 
@@ -567,8 +577,9 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
     def mapped(*args: Any) -> Any:
         if not torch.compiler.is_compiling():
             return _call(f, mesh, check_vma, in_specs, out_specs, args)
-        if not COMPILED_REGIONS:  # before dynamo meets the mesh: its own error there names none of this
-            _raise_from_trace(False, _NO_COMPILED_REGIONS)
+        why = _no_compiled_regions()  # "" where this torch's dynamo traces a region (probed once)
+        if why:  # before dynamo meets the mesh: its own error there names none of this
+            _raise_from_trace(False, why)
         try:
             return _call(f, mesh, check_vma, in_specs, out_specs, args)
         except MeshError as error:  # a type or boundary error while tracing: the user's error, not torch's

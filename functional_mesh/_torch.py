@@ -527,3 +527,92 @@ def mesh_parts(dm: Any) -> tuple[tuple[str, ...], list[tuple[Any, Any]], list[in
         raise TypeError(requires("from_device_mesh", "a torch DeviceMesh", "dm", dm))
     names = dm.mesh_dim_names or tuple(f"dim{i}" for i in range(dm.ndim))
     return tuple(names), [(axis.shape, axis.stride) for axis in dm._layout], dm._rank_map.reshape(-1).tolist()
+
+# -- what this torch's dynamo can trace (probed once, where it is first needed) ----------------------------
+
+
+class _ProbeMesh:
+    """Stands in for a realized mesh in :func:`region_trace_failure`: a plain object with slots."""
+
+    __slots__ = ("axes",)
+
+    def __init__(self, axes: tuple[str, ...]) -> None:
+        self.axes = axes
+
+
+class _ProbePlan:
+    """Stands in for a region's plan: an object holding a frozenset of axis names."""
+
+    __slots__ = ("axes",)
+
+    def __init__(self, axes: frozenset[str]) -> None:
+        self.axes = axes
+
+
+def _probe_plan_of(mesh: _ProbeMesh, axis: str) -> _ProbePlan:
+    return _ProbePlan(frozenset(mesh.axes) | frozenset((axis,)))
+
+
+def _probe_region(x: torch.Tensor) -> torch.Tensor:
+    # what a compiled region does on entry and at its first op, in miniature: pass an object it
+    # does not know as an argument of a function whose result is a constant of the trace (the
+    # region's plan of the mesh), then take set differences with the frozenset that constant holds
+    # (the default rule's casts: `x in s` on it)
+    plan = _PROBE_PLAN_OF(_PROBE_MESH, "b")
+    joined = plan.axes | frozenset(("c",))
+    return x + len(joined - plan.axes)
+
+
+_PROBE_MESH = _ProbeMesh(("a",))
+_PROBE_PLAN_OF: Any = None  # _probe_plan_of as a constant of the trace, made on first use
+_REGION_TRACE: list[str | None] = []  # the probe's answer, once known
+
+
+def region_trace_failure() -> str | None:
+    """Why this torch's dynamo cannot trace a ``shard_map`` region (``None`` where it can).
+
+    A feature probe, run once per process on the first compiled region and cached: it compiles a
+    miniature of what a region does while tracing (:func:`_probe_region`) with the ``eager``
+    backend and ``fullgraph=True``, and answers dynamo's error, type and first line, if that
+    fails. Measured: torch 2.11's dynamo cannot take an unknown object as an argument of an
+    ``assume_constant_result`` function (``AsPythonConstantNotImplementedError``), 2.12's cannot
+    test membership in a frozenset a constant holds (an internal ``NotImplementedError`` from
+    making its guard); 2.13 traces both, and a whole region. No attribute or signature of torch
+    tells these apart, and the release number is no feature; so the probe asks dynamo. Called
+    while torch.compile traces (a compile inside a trace, which dynamo allows); it costs nothing
+    at import or on an eager call, and the first compiled region pays one small compile, at most
+    a second or two (0.2-0.4 s measured on 2.11.0, 2.12.1 and 2.13.0).
+    """
+    if not _REGION_TRACE:
+        global _PROBE_PLAN_OF
+        if _PROBE_PLAN_OF is None:
+            _PROBE_PLAN_OF = torch.compiler.assume_constant_result(_probe_plan_of)
+        events = _compile_event_stacks()
+        saved = [list(stack) for stack in events]
+        try:
+            torch.compile(_probe_region, backend="eager", fullgraph=True, dynamic=False)(torch.zeros(()))
+        except Exception as error:  # noqa: BLE001 - any failure to trace is the answer
+            first = str(error).strip().splitlines()
+            _REGION_TRACE.append(f"{type(error).__name__}: {first[0] if first else ''}".rstrip(": "))
+        else:
+            _REGION_TRACE.append(None)
+        finally:
+            for stack, before in zip(events, saved, strict=True):
+                stack[:] = before
+    return _REGION_TRACE[0]
+
+
+def _compile_event_stacks() -> list[list[Any]]:
+    """The enclosing compile's event stacks (private ``torch._dynamo.utils.get_chromium_event_logger()``,
+    ``get_stack``/``get_pt2_compile_substack``; feature-detected, none where absent).
+
+    A compile inside a trace ends the events of the trace around it on torch 2.11/2.12 (which then logs
+    "Start event not in stack" as it ends them again): :func:`region_trace_failure` puts them back.
+    """
+    from torch._dynamo import utils
+
+    logger = getattr(utils, "get_chromium_event_logger", None)
+    if logger is None:
+        return []
+    events = logger()
+    return [getattr(events, name)() for name in ("get_stack", "get_pt2_compile_substack") if hasattr(events, name)]

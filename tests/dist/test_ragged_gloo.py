@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 import functional_mesh as fm
-from functional_mesh import P
+from functional_mesh import P, _torch
 from tests.dist._pool import pool_fixture
 from tests.dist._settings import CHECK_S, GROUP_TIMEOUT
 
@@ -221,7 +221,7 @@ def compiled() -> dict:
     res["untyped region, graph break"] = outcome(lambda: torch.compile(fm.shard_map(
         lambda v: fm.ragged_all_to_all(v, "y", sizes), in_specs=P(), out_specs=P("y"), mesh=rm, check_vma=False),
         backend="eager")(x))
-
+    res["regions"] = _torch.region_trace_failure()  # None where this torch's dynamo traces a region
     return res
 
 
@@ -233,4 +233,7 @@ def test_compiles_whole_with_python_int_sizes(w4):
         kind, message = res["tensor sizes"]
         assert kind != "ok" and "sizes as Python ints under torch.compile" in message, message
         kind, message = res["untyped region, graph break"]
-        assert kind == "MeshError" and "recv_sizes under torch.compile" in message, message
+        if res["regions"] is not None:  # torch 2.11/2.12: shard_map refuses the compiled region at its entry
+            assert kind == "MeshError" and res["regions"] in message, message
+        else:
+            assert kind == "MeshError" and "recv_sizes under torch.compile" in message, message
