@@ -17,6 +17,13 @@ check everywhere and the ranks stay in step). A fatal signal prints every thread
 ``FM_GPU_SMOKE_CRASH=<check>`` makes rank 1 kill itself with SIGSEGV as that check starts: how
 ``tests/gpu/test_gpu_smoke.py`` shows that a crash in one check hides none of the others.
 
+``FM_GPU_SMOKE_NO_FUNCOL=<what happened>``, set by ``run.py`` when its torch-only probe
+(``_funcol_probe.py``) found torch's functional collectives broken for this job's backend and
+device, makes the checks that go through them a ``SKIP`` quoting it: ``dtensor`` after its part
+without communication, ``fsdp_tp``, ``compile_collectives`` and ``compile``. ``shard_map`` runs
+anyway: an eager region uses our collectives, which call the process group directly, and its
+check compares without DTensor communication.
+
 The case picks the backend and device: ``nccl-1`` (one process, NCCL, cuda:0), ``gloo-cuda`` (several
 processes on gloo, CUDA tensors, all on the current GPU), ``nccl-multi`` (one process per GPU, NCCL),
 and ``gloo-cpu`` (the same checks on CPU tensors: the rehearsal that runs without a GPU, in
@@ -38,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 import functional_mesh as fm
-from functional_mesh import P
+from functional_mesh import P, _torch
 
 CASES = ("nccl-1", "gloo-cuda", "nccl-multi", "gloo-cpu")
 TIMEOUT = datetime.timedelta(seconds=60)  # every group's: a stuck collective fails its check within a minute
@@ -192,6 +199,14 @@ def _mlp(x, w1, w2):
 
 
 def _region_vs_one_process(ctx: Ctx, compiled: bool) -> tuple[float, str]:
+    """A typed region's loss, output block and gradient blocks (float64) against one process.
+
+    Compared with no DTensor communication (no ``full_tensor``), so that it needs only our eager
+    collectives, which call the process group directly: this rank's block of the output and of
+    each gradient, and the loss summed over dp by ``fm.psum``. torch's functional collectives,
+    which DTensor's redistributions use, crash on gloo with CUDA tensors on some torch builds
+    (``_funcol_probe.py``); an eager region does not go through them.
+    """
     rm, dev = ctx.rm, ctx.device
     w1f, w2f, xf = _problem(dev)
     spec = fm.NamedSharding
@@ -203,16 +218,21 @@ def _region_vs_one_process(ctx: Ctx, compiled: bool) -> tuple[float, str]:
     if compiled:
         backend = _compile_backend(ctx)
         step = torch.compile(step, backend=backend, fullgraph=True)
-    y = step(xf.to(dev), w1, w2)
-    loss = (y.full_tensor() ** 2).mean()
-    loss.backward()
+    y = step(xf.to(dev), w1, w2).to_local()  # this rank's dp block of rows (the same on every tp member)
+    mine = (y ** 2).sum()  # the loss is the sum over dp of these (each tp member backpropagates its own copy)
+    mine.backward()
+    loss = fm.psum(mine.detach(), "dp", mesh=rm) if rm.axis_size("dp") > 1 else mine.detach()
     a, b = w1f.clone().requires_grad_(), w2f.clone().requires_grad_()
-    want = (torch.relu(xf @ a) @ b).pow(2).mean()
+    full = torch.relu(xf @ a) @ b
+    want = full.pow(2).sum()
     want.backward()
+    d, rows = rm.local_rank("dp"), xf.shape[0] // rm.axis_size("dp")
+    t, n = rm.local_rank("tp"), rm.axis_size("tp")
     err = max(abs(loss.item() - want.item()),
-              (w1.grad.full_tensor().cpu() - a.grad).abs().max().item(),
-              (w2.grad.full_tensor().cpu() - b.grad).abs().max().item())
-    assert err <= 1e-10, f"loss or gradients differ from one process by {err:.3g}"
+              (y.detach().cpu() - full.detach()[d * rows:(d + 1) * rows]).abs().max().item(),
+              (w1.grad.to_local().cpu() - a.grad.chunk(n, dim=1)[t]).abs().max().item(),
+              (w2.grad.to_local().cpu() - b.grad.chunk(n, dim=0)[t]).abs().max().item())
+    assert err <= 1e-10, f"loss, output or gradients differ from one process by {err:.3g}"
     return err, backend
 
 
@@ -239,8 +259,8 @@ def check_shard_map(ctx: Ctx) -> str:
         refused = type(exc).__name__
     assert refused != "no error", "a typed region accepted an output varying over tp with out_specs P('dp', None)"
     err, _ = _region_vs_one_process(ctx, compiled=False)
-    return (f"typeof(h).varying={types['h']}, a wrong out_specs raised {refused}; loss and gradients "
-            f"(float64) vs one process: max diff {err:.2g}")
+    return (f"typeof(h).varying={types['h']}, a wrong out_specs raised {refused}; loss, output and gradient "
+            f"blocks (float64) vs one process: max diff {err:.2g} (no DTensor communication)")
 
 
 def _compile_backend(ctx: Ctx) -> str:
@@ -249,6 +269,7 @@ def _compile_backend(ctx: Ctx) -> str:
 
 def check_compile_collectives(ctx: Ctx) -> str:
     """Our collectives inside a compiled function (no region): functional collectives by group name."""
+    _needs_funcol(ctx, "a compiled collective (the compiled code calls torch's functional collective ops)")
     rm, dev = ctx.rm, ctx.device
     xs = inputs(ctx, (4, 3))
     group = members(ctx, "tp")
@@ -277,12 +298,16 @@ def check_compile_collectives(ctx: Ctx) -> str:
 
 
 def check_compile(ctx: Ctx) -> str:
+    regions = _torch.region_trace_failure()  # shard_map's own feature probe (None: this dynamo traces a region)
+    no_region = (f"; and shard_map compiles no region on torch {torch.__version__} (its dynamo cannot trace one: "
+                 f"{regions})") if regions is not None else ""
+    _needs_funcol(ctx, "a compiled region (its collectives are torch's functional collective ops)", no_region)
     t0 = time.perf_counter()
     try:
         err, backend = _region_vs_one_process(ctx, compiled=True)
-    except fm.MeshError as exc:  # torch < 2.13: shard_map refuses a compiled region, naming the version
-        if "requires torch >= 2.13" in str(exc) and _torch_before(2, 13):
-            raise Skip(f"as documented for torch {torch.__version__}: MeshError: {str(exc)[:150]}...") from exc
+    except fm.MeshError as exc:  # shard_map refuses a compiled region where its probe says dynamo cannot trace one
+        if regions is not None and regions in str(exc):
+            raise Skip(f"as documented for torch {torch.__version__}: MeshError: {str(exc)[:300]}...") from exc
         raise
     return (f"torch.compile(shard_map region, backend={backend}, fullgraph=True), forward and backward: "
             f"max diff vs one process {err:.2g}, first call {time.perf_counter() - t0:.1f} s")
@@ -292,8 +317,16 @@ class Skip(Exception):
     """A check that cannot run here, with the reason."""
 
 
-def _torch_before(major: int, minor: int) -> bool:
-    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (major, minor)
+# Set by run.py when its torch-only probe (_funcol_probe.py) found torch's functional collectives broken on
+# this job's backend and device: what happened there. The checks that go through them then skip, saying so.
+NO_FUNCOL = os.environ.get("FM_GPU_SMOKE_NO_FUNCOL", "")
+
+
+def _needs_funcol(ctx: Ctx, what: str, more: str = "") -> None:
+    """Skip, naming the torch bug, when run.py's probe found torch's functional collectives broken here."""
+    if NO_FUNCOL:
+        raise Skip(f"{what}: it uses torch's functional collectives, and {NO_FUNCOL}: a torch bug with "
+                   f"{ctx.backend} and {ctx.device.type} tensors (torch {torch.__version__}), not ours{more}")
 
 
 def check_dtensor(ctx: Ctx) -> str:
@@ -305,6 +338,8 @@ def check_dtensor(ctx: Ctx) -> str:
     rows, cols = 8 // rm.axis_size("dp"), 6 // rm.axis_size("tp")
     assert torch.equal(d.to_local(), full[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols]), "local shard"
     assert fm.sharding_of(d) == sharding, f"sharding_of: {fm.sharding_of(d)}"
+    _needs_funcol(ctx, "reshard, full_tensor and a DTensor reduction (DTensor's redistribute)",
+                  f" (distribute P('dp','tp') -> {tuple(d.placements)} and sharding_of passed: no communication)")
     r = fm.reshard(d, fm.NamedSharding(rm.mesh, P(None, "tp")))
     assert torch.equal(r.to_local(), full[:, j * cols:(j + 1) * cols]), "reshard"
     assert torch.equal(r.full_tensor(), full), "full_tensor"
@@ -319,6 +354,7 @@ def check_fsdp_tp(ctx: Ctx) -> str:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+    _needs_funcol(ctx, "FSDP2 + TP (TP's DTensor redistributions, full_tensor)")
     rm, dev = ctx.rm, ctx.device
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(dev)
@@ -367,8 +403,9 @@ def check_abort(ctx: Ctx) -> str:
 
 
 # The compiled checks come after the eager ones: torch's compilers are what is most likely to crash a
-# process (on the first GPU run, torch 2.11.0, a gloo-cuda process died with SIGSEGV after
-# `collectives`), and run.py restarts a job that died with the checks after the one that was running.
+# process, and run.py restarts a job that died with the checks after the one that was running. (On the
+# first GPU run, torch 2.11.0, gloo-cuda processes died with SIGSEGV inside torch's functional
+# collectives; run.py now probes those first, and the checks that need them skip where they crash.)
 # compile_collectives runs after eager regions on purpose: a compiled collective must work in a process
 # that ran one. abort is last: it destroys the mesh the others use.
 CHECKS = [("realize", check_realize), ("collectives", check_collectives), ("dtensor", check_dtensor),

@@ -5,7 +5,8 @@
 
 Needs torch (2.11 or newer) and this repository on ``PYTHONPATH``; no pytest, no network, no
 install. Without a GPU it prints why and exits 0. With one it runs, each as one torchrun job
-under a time limit (:data:`LIMIT_S`; all together well under 5 minutes):
+under a time limit (:data:`LIMIT_S`; all together, probes and restarts included, at most
+:data:`BUDGET_S`, 7 minutes):
 
 - ``nccl-1``: one process, NCCL on cuda:0 (a world of 1);
 - ``gloo-cuda``: 4 processes sharing the current GPU on gloo, CUDA tensors;
@@ -21,6 +22,15 @@ A job whose processes die (a segfault, a hang past its limit) before reporting e
 not hide the rest: the check that was running (the first one not reported; each rank prints
 ``START <job>/<check> rank <r>`` before it) is a ``FAIL`` naming the rank, its signal or exit code
 and its Python stack (faulthandler), and the job is started again with only the checks after it.
+
+Before a gloo job, a torch-only probe (``_funcol_probe.py``, its own torchrun job, at most
+:data:`PROBE_LIMIT_S`) asks whether torch's functional collectives work on gloo with that job's
+tensors: on the first GPU run (torch 2.11.0+cu130) they segfaulted with CUDA tensors, and
+everything that goes through them with them. The ``PROBE`` line says what it found; where they
+crash, hang or compute wrongly, the checks that need them (``dtensor`` after its part without
+communication, ``fsdp_tp``, ``compile_collectives``, ``compile``) are a ``SKIP`` that quotes it,
+and the rest run (an eager ``shard_map`` region needs only our collectives, which call the
+process group directly).
 """
 
 from __future__ import annotations
@@ -36,6 +46,8 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 LIMIT_S = {"nccl-1": 150, "gloo-cuda": 180, "nccl-multi": 180, "gloo-cpu": 240}  # per torchrun job
+PROBE_LIMIT_S = 90  # the torch-only probe of functional collectives before a gloo job (_funcol_probe.py)
+PROBE_STEPS = ("all_reduce", "all_gather_tensor")  # _funcol_probe.STEPS (tests/gpu/test_gpu_smoke.py checks it)
 BUDGET_S = 420  # all jobs, restarts included: a restart gets what is left, at most its job's limit
 # the checks, in the order _checks.py runs them (tests/gpu/test_gpu_smoke.py checks it is _checks.CHECKS')
 EXPECTED = ("realize", "collectives", "dtensor", "shard_map", "fsdp_tp", "compile_collectives", "compile", "abort")
@@ -63,17 +75,22 @@ def environment() -> tuple[bool, int, str]:
     return True, count, f"{line}, CUDA {torch.version.cuda}{nccl}, {count} GPU(s): {names}"
 
 
-def run_case(case: str, nproc: int, checks: list[str], limit: float) -> tuple[list[tuple[str, str, str]], str, str]:
-    """Run one torchrun job of ``checks``; ``([(check, verdict, line)], problem, stderr)`` from its output."""
+def torchrun(script: str, args: list[str], nproc: int, limit: float,
+             extra_env: dict[str, str] | None = None) -> tuple[str, str, str, float]:
+    """Run ``script`` under torchrun on ``nproc`` processes: ``(stdout, stderr, problem, seconds)``.
+
+    ``problem`` is "" when it exited 0, else its exit code or that it ran past ``limit`` (then its
+    whole session is killed: torchrun and its workers go together, no orphan keeps the GPU).
+    """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    env.update(extra_env or {})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(HERE / "_checks.py"), case, ",".join(checks)]
+           str(HERE / script), *args]
     t0 = time.perf_counter()
-    # its own session: past the limit, torchrun and its workers go together (no orphan keeps the GPU)
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -83,7 +100,13 @@ def run_case(case: str, nproc: int, checks: list[str], limit: float) -> tuple[li
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         problem = f"did not finish within {limit:.0f} s"
-    took = time.perf_counter() - t0
+    return out, err, problem, time.perf_counter() - t0
+
+
+def run_case(case: str, nproc: int, checks: list[str], limit: float,
+             extra_env: dict[str, str] | None = None) -> tuple[list[tuple[str, str, str]], str, str, str]:
+    """Run one torchrun job of ``checks``; ``([(check, verdict, line)], summary, problem, output)``."""
+    out, err, problem, took = torchrun("_checks.py", [case, ",".join(checks)], nproc, limit, extra_env)
     results = []
     for line in out.splitlines():
         if line.startswith("CHECK "):
@@ -92,6 +115,45 @@ def run_case(case: str, nproc: int, checks: list[str], limit: float) -> tuple[li
     label = case if checks == list(EXPECTED) else f"{case} ({','.join(checks)})"
     return results, f"{label}: {nproc} process(es), {took:.1f} s{', ' + problem if problem else ''}", problem, \
         err + "\n" + out
+
+
+def probe_funcol(case: str, device_type: str, nproc: int, limit: float) -> str:
+    """Whether torch's functional collectives work on gloo with ``device_type`` tensors: "" if so, else why not.
+
+    A torch-only job (``_funcol_probe.py``) in its own processes, so that a crash there costs
+    nothing but the probe: on the first GPU run (torch 2.11.0+cu130) ``funcol`` on gloo with CUDA
+    tensors segfaulted, and everything that goes through it with it (DTensor's redistributions,
+    TP, compiled collectives). Prints one ``PROBE`` line, and the Python stack when a process died.
+    """
+    out, err, problem, took = torchrun("_funcol_probe.py", [device_type], nproc, limit)
+    output = err + "\n" + out
+    steps = PROBE_STEPS
+    ok = [s for s in steps if len(re.findall(rf"^OK {s} rank \d+$", out, re.M)) == nproc]
+    if not problem and len(ok) == len(steps):
+        print(f"PROBE {case}/funcol OK [{took:.1f} s] torch's functional {' and '.join(steps)} on gloo with "
+              f"{device_type} tensors, {nproc} processes, equal to one process: the checks that need them run",
+              flush=True)
+        return ""
+    # the last step any rank started (the ranks run them in step; a rank's death ends the others as
+    # they finish the step before, whose OK they may not have printed yet)
+    started = [s for s in steps if re.search(rf"^START {s} rank \d+$", out, re.M)]
+    step = started[-1] if started else "init_process_group"
+    wrong = re.search(r"^WRONG (\S+) rank \d+: .*$", out, re.M)
+    if wrong:
+        step = wrong.group(1)
+        what = f"gave wrong values ({wrong.group(0)})"
+    elif problem.startswith("did not finish"):
+        what = f"hung ({problem})"
+    else:
+        what = f"crashed ({cause(output, problem) or 'not every rank reported OK'})"
+    reason = (f"torch's own functional {step} on gloo with {device_type} tensors {what} in a torch-only probe "
+              f"(tests/gpu/_funcol_probe.py, {nproc} processes)")
+    print(f"PROBE {case}/funcol BROKEN [{took:.1f} s] {reason}: the checks that go through torch's functional "
+          f"collectives skip", flush=True)
+    stack = fatal_stack(output)
+    if stack:
+        print(f"  --- {case}/funcol probe: the Python stack at the fatal signal ---\n{stack}\n  ---", flush=True)
+    return reason
 
 
 def first_failure(case: str, output: str) -> None:
@@ -126,7 +188,8 @@ def fatal_stack(output: str) -> str:
     return "\n".join(lines[first:end]).rstrip()
 
 
-def run_job(case: str, nproc: int, only: str, deadline: float) -> tuple[int, int, int]:
+def run_job(case: str, nproc: int, only: str, deadline: float,
+            extra_env: dict[str, str] | None = None) -> tuple[int, int, int]:
     """Every check of ``case`` (or of ``only``), restarting the job after a death; ``(passed, failed, skipped)``.
 
     A job that ends before reporting all its checks died in the last check any rank started (the
@@ -142,7 +205,7 @@ def run_job(case: str, nproc: int, only: str, deadline: float) -> tuple[int, int
             failed += len(todo)
             print(f"CHECK {case}/{','.join(todo)} FAIL not run: the smoke's {BUDGET_S} s were spent", flush=True)
             break
-        results, summary, problem, output = run_case(case, nproc, todo, min(LIMIT_S[case], left))
+        results, summary, problem, output = run_case(case, nproc, todo, min(LIMIT_S[case], left), extra_env)
         reported = {name for name, _, _ in results}
         started = [c for c in todo if re.search(rf"^START {re.escape(case)}/{re.escape(c)} rank \d+$", output, re.M)]
         died = problem and any(c not in reported for c in todo)
@@ -200,7 +263,13 @@ def main(argv: list[str]) -> int:
     passed = failed = 0
     skipped = int(not cpu and len(plan) == 2)
     for case, nproc in plan:
-        p, f, s = run_job(case, nproc, only, t0 + BUDGET_S)
+        extra_env = {}
+        if case.startswith("gloo"):  # torch's functional collectives on gloo with this job's tensors: do they work?
+            left = t0 + BUDGET_S - time.perf_counter()
+            broken = probe_funcol(case, case.split("-")[1], nproc, min(PROBE_LIMIT_S, left))
+            if broken:
+                extra_env["FM_GPU_SMOKE_NO_FUNCOL"] = broken
+        p, f, s = run_job(case, nproc, only, t0 + BUDGET_S, extra_env)
         passed, failed, skipped = passed + p, failed + f, skipped + s
     print(f"gpu-smoke: {passed} passed, {failed} failed, {skipped} skipped in {time.perf_counter() - t0:.0f} s",
           flush=True)

@@ -17,7 +17,9 @@ import torch
 RUN = Path(__file__).resolve().parent / "run.py"
 ROOT = RUN.parent.parent.parent
 sys.path.insert(0, str(RUN.parent))
-from run import EXPECTED  # noqa: E402
+from run import EXPECTED, PROBE_STEPS  # noqa: E402
+
+from functional_mesh import _torch  # noqa: E402
 
 
 def run(*args: str, env: dict[str, str] | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
@@ -40,11 +42,13 @@ def test_the_checks_pass_on_cpu_tensors():
     verdicts = {line.split()[1].split("/", 1)[1]: line.split()[2] for line in lines}
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert set(verdicts) == set(EXPECTED), proc.stdout
-    # only the compiled region may be a skip, and only where shard_map refuses to compile one (torch < 2.13)
-    old_torch = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
-    assert {name for name, v in verdicts.items() if v != "PASS"} <= ({"compile"} if old_torch else set()), proc.stdout
+    # only the compiled region may be a skip, and only where shard_map's own probe says this torch's dynamo
+    # cannot trace one (2.11, 2.12); torch's functional collectives work on gloo with CPU tensors
+    no_regions = _torch.region_trace_failure() is not None
+    assert {name for name, v in verdicts.items() if v != "PASS"} <= ({"compile"} if no_regions else set()), proc.stdout
     assert {v for v in verdicts.values()} <= {"PASS", "SKIP"}, proc.stdout
-    if old_torch:
+    assert "PROBE gloo-cpu/funcol OK" in proc.stdout, proc.stdout
+    if no_regions:
         assert "MeshError: `shard_map` requires torch >= 2.13" in proc.stdout, proc.stdout
     passed = sum(v == "PASS" for v in verdicts.values())
     assert proc.stdout.splitlines()[-1].startswith(f"gpu-smoke: {passed} passed, 0 failed, {len(verdicts) - passed} "
@@ -53,8 +57,32 @@ def test_the_checks_pass_on_cpu_tensors():
 
 def test_the_runner_knows_the_checks_in_their_order():
     import _checks
+    import _funcol_probe
 
     assert tuple(name for name, _ in _checks.CHECKS) == EXPECTED
+    assert _funcol_probe.STEPS == PROBE_STEPS
+
+
+@pytest.mark.timeout(400)
+def test_where_torchs_functional_collectives_crash_their_checks_skip_saying_so_and_the_rest_run():
+    # the first GPU run (torch 2.11.0+cu130): gloo with CUDA tensors segfaulted inside torch's functional
+    # collectives. Here rank 1 of the torch-only probe kills itself at all_gather_tensor, as that did.
+    proc = run("--cpu", env={"FM_GPU_SMOKE_PROBE_CRASH": "all_gather_tensor"})
+    lines = {line.split()[1].split("/", 1)[1]: line for line in proc.stdout.splitlines() if line.startswith("CHECK ")}
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert ("PROBE gloo-cpu/funcol BROKEN" in proc.stdout and "functional all_gather_tensor on gloo with cpu tensors "
+            "crashed (rank 1 died, exit code -11 (Signal 11 (SIGSEGV)" in proc.stdout), proc.stdout
+    assert "Fatal Python error: Segmentation fault" in proc.stdout, proc.stdout  # the probe's stack
+    needs_funcol = {"dtensor", "fsdp_tp", "compile_collectives", "compile"}
+    assert {name for name, line in lines.items() if line.split()[2] == "SKIP"} == needs_funcol, proc.stdout
+    assert {name for name, line in lines.items() if line.split()[2] == "PASS"} == set(EXPECTED) - needs_funcol
+    for name in needs_funcol:  # each names the torch bug and the probe that showed it
+        assert "it uses torch's functional collectives" in lines[name], lines[name]
+        assert "tests/gpu/_funcol_probe.py" in lines[name] and "a torch bug" in lines[name], lines[name]
+    # the eager typed region needs none of them: it ran, and compared without DTensor communication
+    assert "(no DTensor communication)" in lines["shard_map"], lines["shard_map"]
+    assert "sharding_of passed: no communication" in lines["dtensor"], lines["dtensor"]
+    assert proc.stdout.splitlines()[-1].startswith("gpu-smoke: 4 passed, 0 failed, 4 skipped"), proc.stdout
 
 
 @pytest.mark.timeout(400)
