@@ -49,14 +49,12 @@ import torch
 
 import functional_mesh as fm
 from functional_mesh import P
+from tests._torch_features import needs_compiled_regions
 from tests.dist._pool import WorkerFailed, pool_fixture
 from tests.dist._settings import CHECK_S, GROUP_TIMEOUT
 
-# torch 2.11 and 2.12 compile no shard_map region: shard_map raises MeshError at a compiled region's entry there
-pytestmark = pytest.mark.skipif(
-    tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13),
-    reason=f"torch {torch.__version__}: a compiled shard_map region needs torch >= 2.13 (shard_map raises MeshError "
-           "at its entry; run the region eagerly, or compile the body's parts)")
+# where this torch's dynamo cannot trace a region (2.11, 2.12: shard_map's own probe says so), none compiles
+pytestmark = needs_compiled_regions()
 w2 = pool_fixture(2)
 w4 = pool_fixture(4)
 
