@@ -144,9 +144,28 @@ def partition_spec_case(draw):
         assert spec.entries == tuple(expected) and (spec == P(*expected)) == (written == expected)
         assert isinstance(spec, PartitionSpec) and len(spec) == len(entries)
 
-    kind = pick(draw, ["valid"] * 2 + ["empty-name", "entry-type", "name-type-in-tuple", "empty-name-in-tuple"])
+    kind = pick(draw, ["valid"] * 2 + ["unreduced"] * 2 + ["unreduced-split", "unreduced-type", "empty-name",
+                                                             "entry-type", "name-type-in-tuple", "empty-name-in-tuple"])
     if kind == "valid":
         return valid(f"P{tuple(entries)}", lambda: P(*entries), check)
+    used = {a for e in written if e is not None for a in ((e,) if isinstance(e, str) else e)}
+    if kind == "unreduced":  # a pending sum over axes that split no dim: equal however the names are given
+        names = draw(st.lists(st.sampled_from([n for n in SPEC_NAMES if n not in used]), max_size=3))
+        form = pick(draw, [set, list, tuple, frozenset] + ([lambda ns: ns[0]] if len(names) == 1 else []))
+
+        def check_unreduced(spec):
+            assert tuple(spec) == tuple(written) and spec.entries == tuple(expected) and len(spec) == len(entries)
+            assert spec.unreduced == frozenset(names) and spec == P(*written, unreduced=sorted(names))
+            assert P.from_key(spec.key) == spec and (spec == P(*written)) == (not names)
+
+        return valid(f"P{tuple(entries)}, unreduced={names}", lambda: P(*entries, unreduced=form(names)),
+                     check_unreduced)
+    if kind == "unreduced-split" and used:  # an axis both splitting a dim and pending: refused, naming it
+        name = pick(draw, sorted(used))
+        return bad(f"P{tuple(entries)}, unreduced={{{name!r}}}", lambda: P(*entries, unreduced={name}), name)
+    if kind == "unreduced-type":
+        v = pick(draw, [3, 2.5, None, b"dp", _OBJ])
+        return bad(f"unreduced={v!r}", lambda: P(*entries, unreduced=v if v is None else [v]), v)
     i = draw(st.integers(0, len(entries)))
     if kind == "empty-name":
         return bad("entry ''", lambda: P(*entries[:i], "", *entries[i:]), "")
