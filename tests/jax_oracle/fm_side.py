@@ -274,3 +274,425 @@ del _name
 
 _missing = [p.name for p in programs.HAND_WRITTEN if p.name not in BODIES]
 assert not _missing, f"programs without an fm body: {_missing}"
+
+
+# -- pending sums (unreduced): programs.UNREDUCED, run by test_unreduced_vs_jax.py ----------------------
+#
+# ``UR_BODIES``: each program's body for fm.shard_map (the JAX twins in jax_side.py, which cast an
+# invariant factor to="reduced" where JAX asks for it; we multiply by it directly). ``UR_REFERENCES``:
+# for the programs held to one process, the same program in plain torch on the full tensors, with
+# every pending sum written out as the sum of its members' blocks. ``note`` records fm.typeof.
+
+UR_BODIES: dict[str, Callable[..., Any]] = {}
+UR_REFERENCES: dict[str, Callable[..., list[torch.Tensor]]] = {}
+UR_TYPES: dict[str, tuple[list[str], list[str]]] = {}
+
+
+def ur_body(fn: Callable[..., Any]) -> Callable[..., Any]:
+    assert fn.__name__ in programs.UNREDUCED_BY_NAME, fn.__name__
+    UR_BODIES[fn.__name__] = fn
+    return fn
+
+
+def ur_reference(fn: Callable[..., list[torch.Tensor]]) -> Callable[..., list[torch.Tensor]]:
+    name = fn.__name__.removeprefix("one_process_")
+    assert programs.UNREDUCED_BY_NAME[name].one_process, name
+    UR_REFERENCES[name] = fn
+    return fn
+
+
+def note(key: str, value: torch.Tensor) -> torch.Tensor:
+    """Record ``fm.typeof(value)`` under ``key``; return ``value``."""
+    t = fm.typeof(value)
+    UR_TYPES[key] = (sorted(t.varying), sorted(t.unreduced))
+    return value
+
+
+def _pend(x: torch.Tensor, axis: Any = "tp") -> torch.Tensor:
+    return fm.pcast(x, axis, to="unreduced")
+
+
+def tp_sum(x: torch.Tensor) -> torch.Tensor:
+    """The value of ``pcast(x, 'tp', to='unreduced')`` for x (8, 16) under P('dp', 'tp'), as a full
+    (8, 4) array under P('dp'): the sum of the four tp members' column blocks."""
+    return sum(x[:, 4 * k:4 * k + 4] for k in range(4))
+
+
+def per_dp(s: torch.Tensor, op: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``op`` on each dp member's rows of ``s`` (8, ...) (an op along dim 0 of a local block), concatenated."""
+    return torch.cat([op(s[:4]), op(s[4:])])
+
+
+@ur_body
+def ur_pcast_psum(x):
+    return note("psum", fm.psum(note("u", _pend(x)), "tp"))
+
+
+@ur_reference
+def one_process_ur_pcast_psum(x):
+    return [tp_sum(x)]
+
+
+@ur_body
+def ur_psum_scatter(x):
+    u = note("u", _pend(x))
+    return (note("scatter", fm.psum_scatter(u, "tp", dim=1, tiled=True)),
+            fm.psum_scatter(u, "tp", dim=0, tiled=True))
+
+
+@ur_body
+def ur_add(x, y):
+    return fm.psum(note("sum", _pend(x) + _pend(torch.sin(y))), "tp")
+
+
+@ur_body
+def ur_reshape_sum(x):
+    u = note("u", _pend(x))
+    return fm.psum(note("reshaped", u.reshape(2, 16)).sum(0), "tp"), fm.psum(u.T, "tp")
+
+
+@ur_body
+def ur_shape_ops(x, y):
+    u, v = _pend(x), _pend(y * y)
+    return (fm.psum(torch.cat([u, v], 1), "tp"), fm.psum(torch.stack([u, v]), "tp"), fm.psum(u[1:3], "tp"),
+            fm.psum(u.unsqueeze(0).expand(2, 4, 4).sum(0), "tp"), fm.psum(u.unsqueeze(0).squeeze(0), "tp"))
+
+
+@ur_body
+def ur_reorder_ops(x):
+    u = _pend(x)
+    return (fm.psum(torch.roll(u, 1, 0), "tp"), fm.psum(torch.triu(u), "tp"), fm.psum(u.transpose(0, 1), "tp"),
+            fm.psum(torch.einsum("ij->j", u), "tp"), fm.psum(u.float().double(), "tp"), fm.psum(u.clone(), "tp"))
+
+
+@ur_body
+def ur_scale_reduced(x, s, w):
+    u = _pend(x)
+    return fm.psum(u * s, "tp"), fm.psum(u * w, "tp"), fm.psum(w * u, "tp")
+
+
+@ur_body
+def ur_out_specs(x):
+    return _pend(x), _pend(x.sum(0), ("dp", "tp")), note("dp summed", fm.psum(_pend(x), "dp"))
+
+
+@ur_reference
+def one_process_ur_out_specs(x):
+    s = tp_sum(x)
+    return [s, s.sum(0), s[:4] + s[4:]]
+
+
+@ur_body
+def ur_in_specs(u, w):
+    note("u", u)
+    return fm.psum_scatter(u * w, "tp", dim=0, tiled=True), u
+
+
+@ur_reference
+def one_process_ur_in_specs(members, w):
+    value = members.sum(0)  # (8, 3) under P('dp'); the scatter along dim 0 keeps the rows' order
+    return [value * w, value]
+
+
+@ur_body
+def ur_in_specs_two_axes(u):
+    note("u", u)
+    return note("tp summed", fm.psum(u, "tp")), fm.psum(u, ("dp", "tp"))
+
+
+@ur_body
+def ur_two_axes(x):
+    u = note("u", _pend(x, ("dp", "tp")))
+    return fm.psum(u, "tp"), fm.psum(u, ("dp", "tp")), fm.psum(fm.psum(u, "dp"), "tp")
+
+
+@ur_body
+def ur_row_parallel_sp(x, w, r):
+    y = note("y", _pend(x @ w))
+    return fm.psum_scatter(y, "tp", dim=0, tiled=True) + r
+
+
+@ur_reference
+def one_process_ur_row_parallel_sp(x, w, r):
+    return [sum(x[:, 4 * k:4 * k + 4] @ w[4 * k:4 * k + 4] for k in range(4)) + r]
+
+
+@ur_body
+def ur_accumulate(x1, x2, y):
+    return fm.psum(_pend(x1.T @ y, "dp") + _pend(x2.T @ y, "dp"), "dp")
+
+
+@ur_reference
+def one_process_ur_accumulate(x1, x2, y):
+    return [sum(a[4 * d:4 * d + 4].T @ y[4 * d:4 * d + 4] for a in (x1, x2) for d in range(2))]
+
+
+@ur_body
+def ur_pmean(x):
+    return fm.pmean(_pend(x), "tp")
+
+
+@ur_body
+def ur_neg(x):
+    u = _pend(x)
+    return fm.psum(note("neg", -u), "tp"), fm.psum(torch.neg(u), "tp")
+
+
+@ur_reference
+def one_process_ur_neg(x):
+    return [-tp_sum(x), -tp_sum(x)]
+
+
+@ur_body
+def ur_sub(x, y):
+    return fm.psum(_pend(x) - _pend(y * y), "tp")
+
+
+@ur_reference
+def one_process_ur_sub(x, y):
+    return [tp_sum(x) - tp_sum(y * y)]
+
+
+@ur_body
+def ur_matmul_invariant(x, w):
+    u = _pend(x)
+    return (fm.psum(note("u @ w", u @ w), "tp"), fm.psum(torch.einsum("ij,jk->ik", u, w), "tp"),
+            fm.psum(torch.nn.functional.linear(u, w.T), "tp"))
+
+
+@ur_reference
+def one_process_ur_matmul_invariant(x, w):
+    s = tp_sum(x)
+    return [s @ w, s @ w, s @ w]
+
+
+@ur_body
+def ur_mul_invariant(x, s, w):
+    u = _pend(x)
+    return fm.psum(u * s, "tp"), fm.psum(u * w, "tp"), fm.psum(u * 2.0, "tp"), fm.psum(3.0 * u, "tp")
+
+
+@ur_reference
+def one_process_ur_mul_invariant(x, s, w):
+    t = tp_sum(x)
+    return [t * s, t * w, t * 2.0, 3.0 * t]
+
+
+@ur_body
+def ur_div_mean(x, s):
+    u = _pend(x)
+    return fm.psum(u / s, "tp"), fm.psum(u / 2.0, "tp"), fm.psum(u.mean(0), "tp")
+
+
+@ur_reference
+def one_process_ur_div_mean(x, s):
+    t = tp_sum(x)
+    return [t / s, t / 2.0, per_dp(t, lambda b: b.mean(0))]
+
+
+@ur_body
+def ur_flip_cumsum(x):
+    u = _pend(x)
+    return fm.psum(torch.flip(u, (0,)), "tp"), fm.psum(torch.cumsum(u, 0), "tp")
+
+
+@ur_reference
+def one_process_ur_flip_cumsum(x):
+    t = tp_sum(x)
+    return [per_dp(t, lambda b: torch.flip(b, (0,))), per_dp(t, lambda b: torch.cumsum(b, 0))]
+
+
+@ur_body
+def ur_matmul_out_unreduced(x, w):
+    return _pend(x) @ w
+
+
+@ur_reference
+def one_process_ur_matmul_out_unreduced(x, w):
+    return [tp_sum(x) @ w]
+
+
+@ur_body
+def ur_in_specs_matmul(u, w):
+    return fm.psum_scatter(-(u @ w), "tp", dim=0, tiled=True)
+
+
+@ur_reference
+def one_process_ur_in_specs_matmul(members, w):
+    return [-(members.sum(0) @ w)]
+
+
+@ur_body
+def ur_all_gather(x):
+    return fm.all_gather(_pend(x), "tp", dim=0, tiled=True)
+
+
+@ur_body
+def ur_all_gather_invariant(x):
+    return fm.all_gather(_pend(x), "tp", dim=0, tiled=True, to="invariant")
+
+
+@ur_body
+def ur_ppermute(x):
+    return fm.psum(fm.ppermute(_pend(x), "tp", ring(4)), "tp")
+
+
+@ur_body
+def ur_all_to_all(x):
+    return fm.all_to_all(_pend(x), "tp", 0, 1, tiled=True)
+
+
+@ur_body
+def ur_pmax(x):
+    return fm.pmax(_pend(x), "tp")
+
+
+@ur_body
+def ur_pmin(x):
+    return fm.pmin(_pend(x), "tp")
+
+
+@ur_body
+def ur_add_invariant(x, w):
+    return fm.psum(_pend(x) + w, "tp")
+
+
+@ur_body
+def ur_add_number(x):
+    return fm.psum(_pend(x) + 1.0, "tp")
+
+
+@ur_body
+def ur_add_other_axes(x, y):
+    return fm.psum(fm.psum(_pend(x, "tp") + _pend(y, "dp"), "tp"), "dp")
+
+
+@ur_body
+def ur_tanh(x):
+    return fm.psum(torch.tanh(_pend(x)), "tp")
+
+
+@ur_body
+def ur_relu(x):
+    return fm.psum(torch.relu(_pend(x)), "tp")
+
+
+@ur_body
+def ur_exp(x):
+    return fm.psum(torch.exp(_pend(x)), "tp")
+
+
+@ur_body
+def ur_div_by_pending(x, s):
+    return fm.psum(s / _pend(x), "tp")
+
+
+@ur_body
+def ur_product_of_two(x, y):
+    return fm.psum(_pend(x) * _pend(y), "tp")
+
+
+@ur_body
+def ur_matmul_of_two(x, y):
+    return fm.psum(_pend(x) @ _pend(y).T, "tp")
+
+
+@ur_body
+def ur_pcast_invariant(w):
+    return fm.psum(_pend(w), "tp")
+
+
+@ur_body
+def ur_pcast_twice(x):
+    return fm.psum(_pend(_pend(x)), "tp")
+
+
+@ur_body
+def ur_psum_mixed_tuple(x):
+    return fm.psum(_pend(x), ("dp", "tp"))
+
+
+@ur_reference
+def one_process_ur_psum_mixed_tuple(x):
+    t = tp_sum(x)
+    return [t[:4] + t[4:]]  # summed over dp's members (varying) and tp's (pending) alike
+
+
+@ur_body
+def ur_out_replicated(x):
+    return _pend(x)
+
+
+def _members_to_pending(rm: Any, program: programs.UnreducedProgram, i: int, members: torch.Tensor) -> Any:
+    """Input ``i`` given as its stacked members: a DTensor with ``Partial("sum")`` on its pending axes,
+    made by a first region that takes member ``k`` on index ``k`` of those axes and pcasts it."""
+    pending, spec = program.pending_in(i), program.in_specs[i]
+    axis = programs.axis_entry(pending)
+    return fm.shard_map(lambda m: fm.pcast(m[0], axis, to="unreduced"), mesh=rm,
+                        in_specs=(fm.P(axis, *spec),), out_specs=fm.P(*spec, unreduced=set(pending)))(members)
+
+
+def execute_unreduced(program: programs.UnreducedProgram, rank: int | None = None) -> dict[str, Any]:
+    """Like :func:`execute`, for ``programs.UNREDUCED``; ``types``: what ``note`` recorded, and per result
+    ``shardings``: (``fm.sharding_of(result)``, the out_spec's sharding, whether they are equal), as reprs."""
+    if rank is not None and rank != dist.get_rank():
+        raise AssertionError(f"run on rank {dist.get_rank()} but asked for rank {rank}")
+    rm = fm.realize(fm.make_mesh(program.sizes, program.axes), timeout=GROUP_TIMEOUT, check=CHECK_S)
+    args = [torch.tensor(a, dtype=torch.float64, requires_grad=program.grad) for a in program.inputs()]
+    result: dict[str, Any] = {"rank": dist.get_rank(), "outputs": [], "grads": [], "placements": [],
+                              "shardings": [], "types": {}, "error": None}
+    UR_TYPES.clear()
+    entered = [_members_to_pending(rm, program, i, a) if program.pending_in(i) else a for i, a in enumerate(args)]
+    try:
+        out = fm.shard_map(UR_BODIES[program.name], mesh=rm,
+                           in_specs=programs.unreduced_tree(program.in_specs, program.pending_in, fm.P, bare=False),
+                           out_specs=programs.unreduced_tree(program.out_specs, program.pending_out, fm.P,
+                                                             bare=True))(*entered)
+    except fm.MeshError as e:
+        result["error"] = (type(e).__name__, str(e), [k.__name__ for k in type(e).__mro__])
+        return result
+    result["types"] = dict(UR_TYPES)
+    outs = list(out) if isinstance(out, tuple) else [out]
+    for i, o in enumerate(outs):
+        spec = program.out_specs[i]
+        want = fm.NamedSharding(rm.mesh, fm.P(*spec, unreduced=set(program.pending_out(i))))
+        got = tuple(getattr(o, "placements", ()))
+        result["placements"].append((type(o).__name__, repr(got), repr(want.placements), got == want.placements))
+        described = fm.sharding_of(o) if type(o).__name__ == "DTensor" else None
+        trimmed = list(spec)  # sharding_of writes no trailing None, and specs compare as written
+        while trimmed and trimmed[-1] is None:
+            trimmed.pop()
+        said = fm.NamedSharding(rm.mesh, fm.P(*trimmed, unreduced=set(program.pending_out(i))))
+        result["shardings"].append((repr(described), repr(said), described == said))
+    fulls = [o.full_tensor() for o in outs]
+    result["outputs"] = [f.detach().numpy().copy() for f in fulls]
+    if program.grad:
+        cots = [torch.tensor(program.cotangent(i, f.shape)) for i, f in enumerate(fulls)]
+        sum((f * c).sum() for f, c in zip(fulls, cots)).backward()
+        result["grads"] = [a.grad.detach().numpy().copy() if a.grad is not None else np.zeros(a.shape)
+                           for a in args]
+    return result
+
+
+def run_unreduced(name: str, rank: int | None = None) -> dict[str, Any]:
+    """One program of ``programs.UNREDUCED`` on this rank (the pool calls it on every rank)."""
+    return execute_unreduced(programs.UNREDUCED_BY_NAME[name], rank)
+
+
+def one_process_unreduced(name: str) -> dict[str, Any]:
+    """The program's reference in one process (no mesh): its full results and the full gradients of
+    the same loss as :func:`execute_unreduced`."""
+    program = programs.UNREDUCED_BY_NAME[name]
+    args = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in program.inputs()]
+    fulls = UR_REFERENCES[name](*args)
+    cots = [torch.tensor(program.cotangent(i, f.shape)) for i, f in enumerate(fulls)]
+    sum((f * c).sum() for f, c in zip(fulls, cots)).backward()
+    return {"outputs": [f.detach().numpy().copy() for f in fulls],
+            "grads": [a.grad.detach().numpy().copy() if a.grad is not None else np.zeros(a.shape) for a in args]}
+
+
+_missing = [p.name for p in programs.UNREDUCED if p.name not in UR_BODIES]
+assert not _missing, f"unreduced programs without an fm body: {_missing}"
+_missing = [p.name for p in programs.UNREDUCED if p.one_process and p.name not in UR_REFERENCES]
+assert not _missing, f"unreduced programs held to one process without a reference: {_missing}"
+del _missing

@@ -325,3 +325,360 @@ def _jaxlib_version() -> str:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))
+
+
+# -- pending sums (unreduced): programs.UNREDUCED, run by main_unreduced --------------------------------
+#
+# JAX 0.10.2 types unreduced values only on a mesh whose axes are all Explicit: there an argument
+# must already have its in_spec's sharding (``reshard`` first, a slice with no communication), an
+# argument unreduced over A is made by a first shard_map from its stacked members, and every result
+# is ``reshard``-ed to ``P()`` (a result unreduced over A is reduced so). ``note`` records the type of a
+# value in the body (read from ``jax.typeof``'s ``{V:..., U:...}``) for the comparison of types.
+
+UR_BODIES: dict[str, Callable[..., Any]] = {}
+UR_TYPES: dict[str, tuple[list[str], list[str]]] = {}
+
+
+def ur_body(fn: Callable[..., Any]) -> Callable[..., Any]:
+    assert fn.__name__ in programs.UNREDUCED_BY_NAME, fn.__name__
+    UR_BODIES[fn.__name__] = fn
+    return fn
+
+
+def note(key: str, value: Any) -> Any:
+    """Record ``jax.typeof(value)``'s varying and unreduced axes under ``key``; return ``value``."""
+    import re
+
+    text = str(jax.typeof(value))
+    found: dict[str, set[str]] = {"V": set(), "U": set()}
+    braces = re.search(r"\{([^{}]*)\}$", text)
+    for kind, group, name in re.findall(r"([VUR]):(?:\(([^)]*)\)|(\w+))", braces.group(1) if braces else ""):
+        if kind in found:
+            found[kind].update(n.strip() for n in (group.split(",") if group else [name]))
+    UR_TYPES[key] = (sorted(found["V"]), sorted(found["U"]))
+    return value
+
+
+def _pend(v: Any, axis: Any = "tp") -> Any:
+    return lax.pcast(v, axis, to="unreduced")
+
+
+def _reduced(v: Any, axis: Any = "tp") -> Any:
+    return lax.pcast(v, axis, to="reduced")
+
+
+@ur_body
+def ur_pcast_psum(x):
+    return note("psum", lax.psum(note("u", _pend(x)), "tp"))
+
+
+@ur_body
+def ur_psum_scatter(x):
+    u = note("u", _pend(x))
+    return (note("scatter", lax.psum_scatter(u, "tp", scatter_dimension=1, tiled=True)),
+            lax.psum_scatter(u, "tp", scatter_dimension=0, tiled=True))
+
+
+@ur_body
+def ur_add(x, y):
+    return lax.psum(note("sum", _pend(x) + _pend(jnp.sin(y))), "tp")
+
+
+@ur_body
+def ur_reshape_sum(x):
+    u = note("u", _pend(x))
+    return lax.psum(note("reshaped", u.reshape(2, 16)).sum(0), "tp"), lax.psum(u.T, "tp")
+
+
+@ur_body
+def ur_shape_ops(x, y):
+    u, v = _pend(x), _pend(y * y)
+    return (lax.psum(jnp.concatenate([u, v], 1), "tp"), lax.psum(jnp.stack([u, v]), "tp"),
+            lax.psum(u[1:3], "tp"), lax.psum(jnp.broadcast_to(u[None], (2, 4, 4)).sum(0), "tp"),
+            lax.psum(u[None].squeeze(0), "tp"))
+
+
+@ur_body
+def ur_reorder_ops(x):
+    u = _pend(x)
+    return (lax.psum(jnp.roll(u, 1, 0), "tp"), lax.psum(jnp.triu(u), "tp"), lax.psum(jnp.swapaxes(u, 0, 1), "tp"),
+            lax.psum(jnp.einsum("ij->j", u), "tp"), lax.psum(u.astype(jnp.float32).astype(jnp.float64), "tp"),
+            lax.psum(jnp.copy(u), "tp"))
+
+
+@ur_body
+def ur_scale_reduced(x, s, w):
+    u = _pend(x)
+    return lax.psum(u * _reduced(s), "tp"), lax.psum(u * _reduced(w), "tp"), lax.psum(_reduced(w) * u, "tp")
+
+
+@ur_body
+def ur_out_specs(x):
+    return _pend(x), _pend(x.sum(0), ("dp", "tp")), note("dp summed", lax.psum(_pend(x), "dp"))
+
+
+@ur_body
+def ur_in_specs(u, w):
+    note("u", u)
+    return lax.psum_scatter(u * _reduced(w), "tp", scatter_dimension=0, tiled=True), u
+
+
+@ur_body
+def ur_in_specs_two_axes(u):
+    note("u", u)
+    return note("tp summed", lax.psum(u, "tp")), lax.psum(u, ("dp", "tp"))
+
+
+@ur_body
+def ur_two_axes(x):
+    u = note("u", _pend(x, ("dp", "tp")))
+    return lax.psum(u, "tp"), lax.psum(u, ("dp", "tp")), lax.psum(lax.psum(u, "dp"), "tp")
+
+
+@ur_body
+def ur_row_parallel_sp(x, w, r):
+    y = note("y", _pend(x @ w))
+    return lax.psum_scatter(y, "tp", scatter_dimension=0, tiled=True) + r
+
+
+@ur_body
+def ur_accumulate(x1, x2, y):
+    return lax.psum(_pend(x1.T @ y, "dp") + _pend(x2.T @ y, "dp"), "dp")
+
+
+@ur_body
+def ur_pmean(x):
+    return lax.pmean(_pend(x), "tp")
+
+
+@ur_body
+def ur_neg(x):
+    u = _pend(x)
+    return lax.psum(note("neg", -u), "tp"), lax.psum(jnp.negative(u), "tp")
+
+
+@ur_body
+def ur_sub(x, y):
+    return lax.psum(_pend(x) - _pend(y * y), "tp")
+
+
+@ur_body
+def ur_matmul_invariant(x, w):
+    u = _pend(x)
+    return (lax.psum(note("u @ w", u @ w), "tp"), lax.psum(jnp.einsum("ij,jk->ik", u, w), "tp"),
+            lax.psum(u @ w, "tp"))
+
+
+@ur_body
+def ur_mul_invariant(x, s, w):
+    u = _pend(x)
+    return lax.psum(u * s, "tp"), lax.psum(u * w, "tp"), lax.psum(u * 2.0, "tp"), lax.psum(3.0 * u, "tp")
+
+
+@ur_body
+def ur_div_mean(x, s):
+    u = _pend(x)
+    return lax.psum(u / s, "tp"), lax.psum(u / 2.0, "tp"), lax.psum(u.mean(0), "tp")
+
+
+@ur_body
+def ur_flip_cumsum(x):
+    u = _pend(x)
+    return lax.psum(jnp.flip(u, 0), "tp"), lax.psum(jnp.cumsum(u, 0), "tp")
+
+
+@ur_body
+def ur_matmul_out_unreduced(x, w):
+    return _pend(x) @ w
+
+
+@ur_body
+def ur_in_specs_matmul(u, w):
+    return lax.psum_scatter(-(u @ w), "tp", scatter_dimension=0, tiled=True)
+
+
+@ur_body
+def ur_all_gather(x):
+    return lax.all_gather(_pend(x), "tp", axis=0, tiled=True)
+
+
+@ur_body
+def ur_all_gather_invariant(x):
+    return lax.all_gather(_pend(x), "tp", axis=0, tiled=True, to="invarying")
+
+
+@ur_body
+def ur_ppermute(x):
+    return lax.psum(lax.ppermute(_pend(x), "tp", ring(4)), "tp")
+
+
+@ur_body
+def ur_all_to_all(x):
+    return lax.all_to_all(_pend(x), "tp", 0, 1, tiled=True)
+
+
+@ur_body
+def ur_pmax(x):
+    return lax.pmax(_pend(x), "tp")
+
+
+@ur_body
+def ur_pmin(x):
+    return lax.pmin(_pend(x), "tp")
+
+
+@ur_body
+def ur_add_invariant(x, w):
+    return lax.psum(_pend(x) + w, "tp")
+
+
+@ur_body
+def ur_add_number(x):
+    return lax.psum(_pend(x) + 1.0, "tp")
+
+
+@ur_body
+def ur_add_other_axes(x, y):
+    return lax.psum(lax.psum(_pend(x, "tp") + _pend(y, "dp"), "tp"), "dp")
+
+
+@ur_body
+def ur_tanh(x):
+    return lax.psum(jnp.tanh(_pend(x)), "tp")
+
+
+@ur_body
+def ur_relu(x):
+    return lax.psum(jax.nn.relu(_pend(x)), "tp")
+
+
+@ur_body
+def ur_exp(x):
+    return lax.psum(jnp.exp(_pend(x)), "tp")
+
+
+@ur_body
+def ur_div_by_pending(x, s):
+    return lax.psum(s / _pend(x), "tp")
+
+
+@ur_body
+def ur_product_of_two(x, y):
+    return lax.psum(_pend(x) * _pend(y), "tp")
+
+
+@ur_body
+def ur_matmul_of_two(x, y):
+    return lax.psum(_pend(x) @ _pend(y).T, "tp")
+
+
+@ur_body
+def ur_pcast_invariant(w):
+    return lax.psum(_pend(w), "tp")
+
+
+@ur_body
+def ur_pcast_twice(x):
+    return lax.psum(_pend(_pend(x)), "tp")
+
+
+@ur_body
+def ur_psum_mixed_tuple(x):
+    return lax.psum(_pend(x), ("dp", "tp"))
+
+
+@ur_body
+def ur_out_replicated(x):
+    return _pend(x)
+
+
+def run_unreduced_program(program: programs.UnreducedProgram
+                          ) -> tuple[list[np.ndarray], list[np.ndarray], dict[str, Any]]:
+    """One program of ``programs.UNREDUCED`` on an Explicit mesh: its global results and gradients, or its error."""
+    from jax.sharding import AxisType, PartitionSpec, reshard
+
+    mesh = jax.make_mesh(program.sizes, program.axes, axis_types=(AxisType.Explicit,) * len(program.axes))
+    main_map = jax.shard_map(
+        UR_BODIES[program.name], mesh=mesh,
+        in_specs=programs.unreduced_tree(program.in_specs, program.pending_in, PartitionSpec, bare=False),
+        out_specs=programs.unreduced_tree(program.out_specs, program.pending_out, PartitionSpec, bare=True),
+        check_vma=True)
+
+    def enter(i: int, a: Any) -> Any:
+        pending = program.pending_in(i)
+        if not pending:
+            return reshard(a, PartitionSpec(*program.in_specs[i]))
+        members = PartitionSpec(programs.axis_entry(pending), *program.in_specs[i])
+        make = jax.shard_map(lambda m: lax.pcast(m[0], programs.axis_entry(pending), to="unreduced"), mesh=mesh,
+                             in_specs=members, out_specs=PartitionSpec(*program.in_specs[i], unreduced=set(pending)),
+                             check_vma=True)
+        return make(reshard(a, members))
+
+    def whole(*args: Any) -> list[Any]:
+        out = main_map(*(enter(i, a) for i, a in enumerate(args)))
+        outs = list(out) if isinstance(out, tuple) else [out]
+        # every result replicated (reduced first where it is pending), so the cotangents need no sharding
+        return [reshard(o, PartitionSpec()) for o in outs]
+
+    args = [jnp.asarray(a) for a in program.inputs()]
+    UR_TYPES.clear()
+    try:
+        with jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh") else jax.set_mesh(mesh):
+            shapes = [o.shape for o in jax.eval_shape(whole, *args)]
+            cots = [jnp.asarray(program.cotangent(i, s)) for i, s in enumerate(shapes)]
+
+            def forward_and_grads(*a: Any) -> tuple[list[Any], list[Any]]:
+                outs, vjp = jax.vjp(whole, *a)
+                return outs, list(vjp(cots))
+
+            outs, grads = jax.jit(forward_and_grads)(*args)
+            outs, grads = [np.asarray(o) for o in outs], [np.asarray(g) for g in grads]
+    except Exception as e:  # noqa: BLE001 - recorded for the comparison
+        return [], [], {"error": [type(e).__name__, str(e)], "types": dict(UR_TYPES)}
+    return outs, grads, {"error": None, "types": dict(UR_TYPES), "out_shapes": [list(s) for s in shapes]}
+
+
+def main_unreduced(argv: list[str]) -> int:
+    """Like :func:`main`, for ``programs.UNREDUCED``: ``python -c '...main_unreduced(sys.argv)' OUT.npz``."""
+    global jax, jnp, lax
+    if len(argv) != 2:
+        print(f"usage: {argv[0]} OUT.npz", file=sys.stderr)
+        return 2
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_force_host_platform_device_count=8" not in flags:
+        os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax as _jax
+    import jax.numpy as _jnp
+    from jax import lax as _lax
+
+    jax, jnp, lax = _jax, _jnp, _lax
+    jax.config.update("jax_enable_x64", True)
+    if len(jax.devices()) != 8:
+        print(f"expected 8 host devices, got {jax.devices()}", file=sys.stderr)
+        return 3
+    missing = [p.name for p in programs.UNREDUCED if p.name not in UR_BODIES]
+    if missing:
+        print(f"programs without a JAX body: {missing}", file=sys.stderr)
+        return 4
+    arrays: dict[str, np.ndarray] = {}
+    meta: dict[str, Any] = {"jax": jax.__version__, "jaxlib": _jaxlib_version(), "programs": {}}
+    t0 = time.monotonic()
+    for program in programs.UNREDUCED:
+        t = time.monotonic()
+        outs, grads, info = run_unreduced_program(program)
+        info["seconds"] = round(time.monotonic() - t, 3)
+        info["n_out"], info["n_grad"] = len(outs), len(grads)
+        meta["programs"][program.name] = info
+        for i, o in enumerate(outs):
+            arrays[f"{program.name}/out/{i}"] = o
+        for j, g in enumerate(grads):
+            arrays[f"{program.name}/grad/{j}"] = g
+    meta["seconds"] = round(time.monotonic() - t0, 3)
+    arrays["__meta__"] = np.array(json.dumps(meta))
+    np.savez(argv[1], **arrays)
+    for name, info in meta["programs"].items():
+        status = "raises " + info["error"][0] if info["error"] else "ok"
+        print(f"{name:32s} {status:28s} {info['seconds']:.2f} s")
+    print(f"jax {meta['jax']}: {len(programs.UNREDUCED)} unreduced programs in {meta['seconds']:.1f} s")
+    return 0

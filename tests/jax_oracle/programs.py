@@ -280,3 +280,223 @@ GENERATED: list[Program] = _generate(16)
 ALL: list[Program] = HAND_WRITTEN + GENERATED
 BY_NAME: dict[str, Program] = {p.name: p for p in ALL}
 assert len(BY_NAME) == len(ALL), "program names must be unique"
+
+
+# -- pending sums (unreduced): the programs of test_unreduced_vs_jax.py --------------------------------
+#
+# Kept apart from ALL (test_vs_jax.py's list): JAX 0.10.2 types unreduced values only on a mesh whose
+# axes are all Explicit, so its side runs them with another driver (jax_side.main_unreduced).
+#
+# Each program says what JAX does with it and what we do:
+# - ``jax_refuses == ""``: JAX runs it; our values, gradients and types must equal JAX's;
+# - ``jax_refuses`` a regex of JAX's message and ``fails == VMA``: both refuse; ours is a VmaError
+#   whose message matches ``message``;
+# - ``jax_refuses`` a regex and ``fails is None``: we go past JAX (a linear op JAX does not
+#   implement or refuses); our values and gradients must equal one process (fm_side's reference:
+#   plain torch on the full tensors, the sum written out). ``one_process`` is then True.
+# ``one_process`` may also be set where JAX runs the program: both oracles are checked.
+#
+# An input whose in_spec is unreduced over axes A is given as its members stacked on a leading dim
+# of size |A| (first name major); the value meant is their sum. Both sides make the pending value
+# with a first shard_map that takes member ``i`` on A's index ``i`` and pcasts it to unreduced, and
+# returns it under ``P(*spec, unreduced=A)``: so every such program crosses both boundaries. A
+# result whose out_spec is unreduced is reduced outside the region (JAX: ``reshard`` to the spec
+# without it; ours: ``full_tensor()`` of the Partial DTensor).
+
+DT24 = (("dp", "tp"), (2, 4))
+
+# JAX 0.10.2's refusals, read from its messages
+JAX_PVARY_UNREDUCED = r"pvary cannot accept args which are unreduced"  # every collective but psum/psum_scatter
+JAX_IMPLICIT_ADD = r"lhs is unreduced while rhs is not"
+JAX_DOT_GENERAL = r"dot_general cannot be unreduced"
+JAX_NEEDS_REDUCED = r"should be reduced along the same axes"  # a factor not cast to="reduced"
+
+
+def jax_not_implemented(op: str) -> str:
+    return rf"unreduced rule for {op} is not implemented"
+
+
+@dataclass(frozen=True)
+class UnreducedProgram(Program):
+    in_unreduced: tuple[tuple[str, ...], ...] = ()  # per input: the axes its in_spec is unreduced over
+    out_unreduced: tuple[tuple[str, ...], ...] = ()  # per result
+    jax_refuses: str = ""  # "" JAX 0.10.2 runs it, else a regex its message matches
+    one_process: bool = False  # also (or, where JAX refuses, only) compared with one process
+    types: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = ()  # (noted value, varying, unreduced)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        assert not self.fails or self.jax_refuses, f"{self.name}: we refuse only what JAX refuses"
+        assert self.fails or not self.jax_refuses or self.one_process, (
+            f"{self.name}: past JAX, the oracle is one process")
+
+    def pending_in(self, i: int) -> tuple[str, ...]:
+        return self.in_unreduced[i] if i < len(self.in_unreduced) else ()
+
+    def pending_out(self, i: int) -> tuple[str, ...]:
+        return self.out_unreduced[i] if i < len(self.out_unreduced) else ()
+
+    @property
+    def oracle(self) -> str:
+        """Which answer our run is held to: "jax", "one process", "jax and one process" or "both refuse"."""
+        if self.fails:
+            return "both refuse"
+        if self.jax_refuses:
+            return "one process"
+        return "jax and one process" if self.one_process else "jax"
+
+
+def axis_entry(axes: Sequence[str]) -> Entry:
+    """The spec entry or axis argument of ``axes``: a name alone, or a tuple (first name major)."""
+    return axes[0] if len(axes) == 1 else tuple(axes)
+
+
+def unreduced_tree(specs: Sequence[Spec], pending: Callable[[int], tuple[str, ...]], make: Callable[..., Any],
+                   bare: bool) -> Any:
+    """Specs with their unreduced sets, for either library (``make``: its ``PartitionSpec``)."""
+    out = [make(*spec, unreduced=set(pending(i))) if pending(i) else make(*spec) for i, spec in enumerate(specs)]
+    return out[0] if bare and len(out) == 1 else tuple(out)
+
+
+def _u(name: str, shapes, in_specs, out_specs, about: str, **kw: Any) -> UnreducedProgram:
+    return UnreducedProgram(name, DT24[0], DT24[1], tuple(map(tuple, shapes)), tuple(in_specs), tuple(out_specs),
+                            about, **kw)
+
+
+VDP_UTP = ("dp",), ("tp",)
+
+
+def _ours(op: str) -> tuple[str, ...]:
+    """Our refusal's message: it names the op (a regex), the axis and the fix."""
+    return (op, r"unreduced over \('tp',\)", r"fm\.psum\(x, 'tp'\)")
+
+
+X816 = [(8, 16)]
+DPTP = [("dp", "tp")]
+
+UNREDUCED: list[UnreducedProgram] = [
+    # -- JAX runs these: values, gradients and types equal JAX's --
+    _u("ur_pcast_psum", X816, DPTP, [("dp", None)],
+       "pcast(x, 'tp', to='unreduced') of x varying over dp and tp, then psum over 'tp'",
+       types=(("u", *VDP_UTP), ("psum", ("dp",), ())), one_process=True),
+    _u("ur_psum_scatter", X816, DPTP, [("dp", "tp"), (("dp", "tp"), None)],
+       "psum_scatter over 'tp' of a pending sum, along dim 1 and along dim 0",
+       types=(("u", *VDP_UTP), ("scatter", ("dp", "tp"), ()))),
+    _u("ur_add", X816 * 2, DPTP * 2, [("dp", None)],
+       "the sum of two values unreduced over 'tp' (one made from sin(y)), then psum",
+       types=(("sum", *VDP_UTP),)),
+    _u("ur_reshape_sum", [(4, 32)], [(None, "tp")], [(), ()],
+       "a pending sum invariant over dp: reshape then sum(0), and the transpose, each psum'd",
+       types=(("u", (), ("tp",)), ("reshaped", (), ("tp",)))),
+    _u("ur_shape_ops", X816 * 2, DPTP * 2, [("dp", None), (None, "dp", None), ("dp", None), ("dp", None),
+                                          ("dp", None)],
+       "cat, stack, a slice, a broadcast then sum, unsqueeze/squeeze of pending sums, each psum'd"),
+    _u("ur_reorder_ops", X816, DPTP, [("dp", None), ("dp", None), ("dp", None), ("dp",), ("dp", None),
+                                    ("dp", None)],
+       "roll, triu, transpose, einsum 'ij->j', a float32 round trip and a copy of a pending sum, each psum'd"),
+    _u("ur_scale_reduced", [(8, 16), (), (4,)], [("dp", "tp"), (), ()], [("dp", None)] * 3,
+       "a pending sum times an invariant scalar and vector (JAX: cast to='reduced' first; ours: directly), "
+       "on either side; the factors' gradients are summed over 'tp' (and 'dp')"),
+    _u("ur_out_specs", X816, DPTP, [("dp", None), (), (None, None)],
+       "pending sums returned under unreduced out_specs: over 'tp', over ('dp','tp'), and psum over 'dp' "
+       "of one unreduced over 'tp'; reduced outside (JAX reshard, ours full_tensor())",
+       out_unreduced=(("tp",), ("dp", "tp"), ("tp",)), types=(("dp summed", (), ("tp",)),), one_process=True),
+    _u("ur_in_specs", [(4, 8, 3), (3,)], [("dp", None), ()], [(("dp", "tp"), None), ("dp", None)],
+       "an argument unreduced over 'tp' (DTensor Partial on our side): psum_scatter of it times a factor "
+       "(JAX to='reduced'), and the argument itself returned unreduced",
+       in_unreduced=(("tp",), ()), out_unreduced=((), ("tp",)), types=(("u", *VDP_UTP),), one_process=True),
+    _u("ur_in_specs_two_axes", [(8, 4, 3)], [(None, None)], [(None, None), ()],
+       "an argument unreduced over ('dp','tp'): psum over 'tp' returned unreduced over 'dp', and psum over "
+       "('dp','tp')", in_unreduced=(("dp", "tp"),), out_unreduced=(("dp",), ()),
+       types=(("u", (), ("dp", "tp")), ("tp summed", (), ("dp",)))),
+    _u("ur_two_axes", [(8, 4)], [(("dp", "tp"), None)], [(), (), ()],
+       "pcast over ('dp','tp'), then psum over 'tp' (unreduced over 'dp' out), over ('dp','tp'), and over "
+       "'dp' then 'tp'", out_unreduced=(("dp",), (), ()), types=(("u", (), ("dp", "tp")),)),
+    _u("ur_row_parallel_sp", [(8, 16), (16, 6), (8, 6)], [(None, "tp"), ("tp", None), ("tp", None)],
+       [("tp", None)],
+       "row-parallel x @ w kept pending (pcast), then the sequence-parallel psum_scatter along dim 0, "
+       "plus a residual", types=(("y", (), ("tp",)),), one_process=True),
+    _u("ur_accumulate", [(8, 3), (8, 3), (8, 5)], [("dp", None)] * 3, [()],
+       "gradient accumulation: two micro-batches' x.T @ y kept pending over 'dp', summed, one psum",
+       one_process=True),
+    _u("ur_pmean", X816, DPTP, [("dp", None)], "pmean over 'tp' of a pending sum (its sum over n)"),
+    # -- JAX refuses these and we allow them (linear): values and gradients equal one process --
+    _u("ur_neg", X816, DPTP, [("dp", None), ("dp", None)], "-u and torch.neg(u), psum'd",
+       jax_refuses=jax_not_implemented("neg"), one_process=True, types=(("neg", *VDP_UTP),)),
+    _u("ur_sub", X816 * 2, DPTP * 2, [("dp", None)], "u - v of two pending sums, psum'd",
+       jax_refuses=jax_not_implemented("sub"), one_process=True),
+    _u("ur_matmul_invariant", [(8, 16), (4, 3)], [("dp", "tp"), ()], [("dp", None)] * 3,
+       "u @ w, einsum('ij,jk->ik', u, w) and F.linear(u, w.T) with w invariant, psum'd; w's gradient is "
+       "summed over 'tp' (and 'dp')", jax_refuses=JAX_DOT_GENERAL, one_process=True,
+       types=(("u @ w", *VDP_UTP),)),
+    _u("ur_mul_invariant", [(8, 16), (), (4,)], [("dp", "tp"), (), ()], [("dp", None)] * 4,
+       "u * s, u * w, u * 2.0 and 3.0 * u with no cast to='reduced', psum'd",
+       jax_refuses=JAX_NEEDS_REDUCED, one_process=True),
+    _u("ur_div_mean", [(8, 16), ()], [("dp", "tp"), ()], [("dp", None), ("dp", None), ("dp",)],
+       "u / s, u / 2.0 and u.mean(0), psum'd", jax_refuses=jax_not_implemented("div"), one_process=True),
+    _u("ur_flip_cumsum", X816, DPTP, [("dp", None), ("dp", None)],
+       "flip and cumsum of a pending sum, psum'd (JAX 0.10.2 runs the forward, its gradient fails)",
+       jax_refuses=r"Expected cotangent type", one_process=True),
+    _u("ur_matmul_out_unreduced", [(8, 16), (4, 3)], [("dp", "tp"), ()], [("dp", None)],
+       "u @ w returned under an out_spec unreduced over 'tp'", out_unreduced=(("tp",),),
+       jax_refuses=JAX_DOT_GENERAL, one_process=True),
+    _u("ur_in_specs_matmul", [(4, 8, 4), (4, 3)], [("dp", None), ()], [(("dp", "tp"), None)],
+       "an argument unreduced over 'tp' through -(u @ w), then psum_scatter along dim 0",
+       in_unreduced=(("tp",), ()), jax_refuses=JAX_DOT_GENERAL, one_process=True),
+    _u("ur_psum_mixed_tuple", X816, DPTP, [()],
+       "psum over ('dp','tp') of a value varying over 'dp' and unreduced over 'tp': both are sums, so we "
+       "allow it (JAX refuses a tuple that mixes types, as we do for varying with invariant)",
+       jax_refuses=r"can only accept axis_name which corresponds to", one_process=True),
+    # -- both refuse: ours is a VmaError --
+    _u("ur_all_gather", X816, DPTP, [("dp", None)], "all_gather over 'tp' of a pending sum",
+       jax_refuses=JAX_PVARY_UNREDUCED, fails=VMA, message=_ours("`all_gather`")),
+    _u("ur_all_gather_invariant", X816, DPTP, [("dp", None)],
+       "all_gather over 'tp' to='invariant' of a pending sum",
+       jax_refuses=JAX_PVARY_UNREDUCED, fails=VMA, message=_ours("`all_gather`")),
+    _u("ur_ppermute", X816, DPTP, [("dp", None)], "ppermute over 'tp' of a pending sum",
+       jax_refuses=JAX_PVARY_UNREDUCED, fails=VMA, message=_ours("`ppermute`")),
+    _u("ur_all_to_all", X816, DPTP, [("dp", "tp")], "all_to_all over 'tp' of a pending sum",
+       jax_refuses=JAX_PVARY_UNREDUCED, fails=VMA, message=_ours("`all_to_all`")),
+    _u("ur_pmax", X816, DPTP, [("dp", None)], "pmax over 'tp' of a pending sum",
+       jax_refuses=JAX_PVARY_UNREDUCED, fails=VMA, message=_ours("`pmax`")),
+    _u("ur_pmin", X816, DPTP, [("dp", None)], "pmin over 'tp' of a pending sum",
+       jax_refuses=JAX_PVARY_UNREDUCED, fails=VMA, message=_ours("`pmin`")),
+    _u("ur_add_invariant", [(8, 16), (4,)], [("dp", "tp"), ()], [("dp", None)],
+       "a pending sum plus an invariant value", jax_refuses=JAX_IMPLICIT_ADD, fails=VMA,
+       message=_ours(r"`Tensor\.add` combines")),
+    _u("ur_add_number", X816, DPTP, [("dp", None)], "a pending sum plus a Python number",
+       jax_refuses=JAX_IMPLICIT_ADD, fails=VMA,
+       message=_ours(r"`Tensor\.add` adds a number")),
+    _u("ur_add_other_axes", [(8, 16), (8, 16)], [("dp", "tp")] * 2, [()],
+       "a value unreduced over 'tp' plus one unreduced over 'dp'", jax_refuses=JAX_PVARY_UNREDUCED,
+       fails=VMA, message=(r"`Tensor\.add`", r"'dp'", r"'tp'", r"psum")),
+    _u("ur_tanh", X816, DPTP, [("dp", None)], "tanh of a pending sum",
+       jax_refuses=jax_not_implemented("tanh"), fails=VMA, message=_ours("`tanh` is not linear")),
+    _u("ur_relu", X816, DPTP, [("dp", None)], "relu of a pending sum",
+       jax_refuses=jax_not_implemented("max"), fails=VMA, message=_ours("`relu` is not linear")),
+    _u("ur_exp", X816, DPTP, [("dp", None)], "exp of a pending sum",
+       jax_refuses=jax_not_implemented("exp"), fails=VMA, message=_ours("`exp` is not linear")),
+    _u("ur_div_by_pending", [(8, 16), ()], [("dp", "tp"), ()], [("dp", None)],
+       "an invariant scalar divided by a pending sum", jax_refuses=jax_not_implemented("div"), fails=VMA,
+       message=_ours(r"`Tensor\.div` divides by")),
+    _u("ur_product_of_two", X816 * 2, DPTP * 2, [("dp", None)], "u * v of two pending sums",
+       jax_refuses=r"cannot be unreduced since mul is bilinear", fails=VMA,
+       message=(r"`Tensor\.mul` multiplies two values unreduced over \('tp',\)", r"psum")),
+    _u("ur_matmul_of_two", X816 * 2, DPTP * 2, [("dp", None)], "u @ v.T of two pending sums",
+       jax_refuses=JAX_DOT_GENERAL, fails=VMA,
+       message=(r"`Tensor\.matmul` multiplies two values unreduced over \('tp',\)", r"psum")),
+    _u("ur_pcast_invariant", [(4,)], [()], [()], "pcast(w, 'tp', to='unreduced') of an invariant w",
+       jax_refuses=r"Unsupported pcast from=invarying, to='unreduced'", fails=VMA,
+       message=(r"`pcast`", r"invariant over \['tp'\]", r"to='varying'")),
+    _u("ur_pcast_twice", X816, DPTP, [("dp", None)], "pcast to='unreduced' of a value already unreduced",
+       jax_refuses=r"Unsupported pcast from=unreduced", fails=VMA,
+       message=(r"`pcast`", r"already unreduced over \['tp'\]")),
+    _u("ur_out_replicated", X816, DPTP, [("dp", None)],
+       "a pending sum over 'tp' returned under P('dp') (no unreduced)",
+       jax_refuses=r"require replication which can't be statically inferred", fails=VMA,
+       message=(r"out_spec P\('dp', None\)", r"unreduced over \['tp'\]", r"fm\.psum\(x, 'tp'\)")),
+]
+
+UNREDUCED_BY_NAME: dict[str, UnreducedProgram] = {p.name: p for p in UNREDUCED}
+assert len(UNREDUCED_BY_NAME) == len(UNREDUCED), "program names must be unique"
+assert not set(UNREDUCED_BY_NAME) & set(BY_NAME), "unreduced programs are kept apart from ALL"
