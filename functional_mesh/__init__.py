@@ -52,6 +52,7 @@ _LAZY: dict[str, str] = {
     "ragged_all_to_all": "_collectives",
     "axis_index": "_collectives",
     "axis_size": "_collectives",
+    "Pending": "_pending",
 }
 
 __all__ = [

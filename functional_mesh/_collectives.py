@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial, wraps
 from typing import Any, NamedTuple
 
@@ -61,6 +61,7 @@ from ._errors import MeshError, requires
 from ._handle import (Hop, RealizedMesh, check_alive, comm_failure, hop_of, index_along, recall, remember,
                       resolve_mesh)
 from ._mesh import axes_size, axis_position
+from ._pending import Pending, Slot
 from ._validate import as_bool, as_dim, as_int, as_name_tuple, check_unique
 
 __all__ = ["CHECK_COLLECTIVES_ENV", "COLLECTIVES", "RAW", "Axes", "Call", "Collective", "all_gather", "all_to_all",
@@ -163,6 +164,8 @@ class Call(NamedTuple):
     axes: Axes
     params: dict[str, Any]
     traced: bool  # under torch.compile: steps name their groups (functional collectives)
+    slot: Slot | None = None  # async_op=True: where the started communication waits (``_pending``)
+    op_dtype: torch.dtype | None = None  # communicate and reduce in this dtype, cast back once
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -206,11 +209,30 @@ def bind(rec: Collective, x: Any, axis: object, rm: RealizedMesh, params: dict[s
         if api == "psum" and isinstance(x, (int, float)):  # JAX's psum(1, axis_name): the size of the axes
             message += "; for the size of the axes (JAX's psum(1, axis_name)) call fm.axis_size(axis), a Python int"
         raise TypeError(message)
+    async_op = params.pop("async_op", False)  # how the call runs, not what it computes: kept out of params
+    op_dtype = params.pop("op_dtype", None)
     if rec.check_params is not None:
         params = rec.check_params(api, params)
+    if async_op is not False:
+        async_op = as_bool(api, "async_op", async_op)
+    if op_dtype is not None:
+        op_dtype = _op_dtype(api, x, op_dtype)
     if traced is None:
         traced = torch.compiler.is_compiling()
-    return Call(api, rm, x, resolve_axes(api, rm, axis), params, traced)
+    return Call(api, rm, x, resolve_axes(api, rm, axis), params, traced, Slot() if async_op else None, op_dtype)
+
+
+def _op_dtype(api: str, x: torch.Tensor, op_dtype: object) -> torch.dtype:
+    """``op_dtype``, a dtype of ``x``'s kind (floating-point, complex or integer), else a ``MeshError``."""
+    kind = "floating-point" if x.is_floating_point() else "complex" if x.is_complex() else "integer"
+    if isinstance(op_dtype, torch.dtype) and op_dtype != torch.bool and (
+            op_dtype.is_floating_point == (kind == "floating-point") and op_dtype.is_complex == (kind == "complex")):
+        return op_dtype
+    valid = "None, " + {"floating-point": "torch.float16, torch.bfloat16, torch.float32, torch.float64",
+                        "complex": "torch.complex64, torch.complex128",
+                        "integer": "torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64"}[kind]
+    raise MeshError(requires(api, f"op_dtype=None or a {kind} torch.dtype for x of dtype {x.dtype} (the dtype to "
+                             "communicate and reduce in)", "op_dtype", op_dtype, valid))
 
 
 # -- the record ---------------------------------------------------------------------------------------
@@ -261,8 +283,36 @@ _mode_active = _torch.torch_function_mode_active
 
 
 def _register(public: Callable[..., Any], rec: Collective) -> Collective:
+    """Enter ``rec`` in the table, its functions taking the call's ``op_dtype`` and ``async_op`` (:func:`_issuable`)."""
+    rec = replace(rec, run=_issuable(rec.run), untyped=None if rec.untyped is None else _issuable(rec.untyped))
     COLLECTIVES[public] = rec
     return rec
+
+
+def _issuable(fn: Callable[[Call], Any]) -> Callable[[Call], Any]:
+    """``fn`` (a record's function) as every call runs it: in ``op_dtype`` (cast back once) and, with
+    ``async_op=True``, issued: a :class:`Pending` whose ``wait()`` gives what ``fn`` returns."""
+    def run(call: Call) -> Any:
+        if call.slot is None and call.op_dtype is None:  # the common call: one more frame, nothing else
+            return fn(call)
+        return _issue(fn, call)
+
+    return wraps(fn)(run)
+
+
+def _issue(fn: Callable[[Call], Any], call: Call) -> Any:
+    dtype = None
+    if call.op_dtype is not None and call.op_dtype != call.x.dtype:  # cast here, once, also for a pending call
+        dtype = call.x.dtype
+        call = call._replace(x=call.x.to(call.op_dtype))
+    if call.slot is None:
+        out = fn(call)
+        return out if dtype is None else out.to(dtype)
+    pending = Pending(fn, call, dtype)
+    region = _REGIONS.top(call.traced)
+    if region is not None:  # it checks, when its function returns, that every one was waited for
+        region.issued(pending)
+    return pending
 
 
 def _check(call: Call) -> S.Check | None:
@@ -285,8 +335,12 @@ def _apply(call: Call, check: S.Check | None, x: torch.Tensor, step: Any, hop: H
     """
     bound = partial(check, axes=hop.axes, group=hop.pg) if check is not None and hop.size > 1 else None
     if call.traced:
+        if call.slot is not None and hop.size > 1 and not step.local:
+            step = call.slot.take(x, step, bound)
         return S.Comm.apply(x, step, bound)
     try:  # eagerly, a failed communication names its axis, group and timeout (torch's error chained)
+        if call.slot is not None and hop.size > 1 and not step.local:  # async_op=True: started, or arrived
+            step = call.slot.take(x, step, bound)
         if bound is not None or (x.requires_grad and torch.is_grad_enabled() and not step.grad_by_torch):
             return S.Comm.apply(x, step, bound)
         return step.run(x)
@@ -340,9 +394,13 @@ def _extremum(op: str, call: Call) -> torch.Tensor:
     hops, check = call.hops(), _check(call)
     steps = tuple(S.AllReduce(call.group(hop), op) for hop in hops)
     grad = x.requires_grad and torch.is_grad_enabled()
+    checks = None
     if call.traced or check is not None or grad:
         checks = tuple(partial(check, axes=hop.axes, group=hop.pg) if check is not None and hop.size > 1 else None
                        for hop in hops)
+    if call.slot is not None and hops[0].size > 1:  # async_op=True: the first reduction started, or arrived
+        steps = (call.slot.take(x, steps[0], checks[0] if checks is not None else None), *steps[1:])
+    if checks is not None:
         return S.Extremum.apply(x, steps, checks, grad)
     for step in steps:
         x = step.run(x)
@@ -536,8 +594,9 @@ def _ragged(call: Call) -> torch.Tensor:
                                  call.names) + f"; pass products=[{call.names!r}] to realize", mesh=call.rm.mesh)
     (hop,) = hops
     group = call.group(hop)
-    if recv is None:
-        got = _exchange_counts(call, sent, hop, group)
+    if recv is None:  # with async_op=True: exchanged once, when the call is issued
+        got = _exchange_counts(call, sent, hop, group) if call.slot is None else \
+            call.slot.once(lambda: _exchange_counts(call, sent, hop, group))
     else:
         got = _sizes(call, "recv_sizes", recv, n)
     check = _check(call)
@@ -594,7 +653,10 @@ def _ppermute(call: Call) -> torch.Tensor:
                         mesh=call.rm.mesh)
     members = call.rm.mesh[call.names].group_of(call.rm.rank).reshape(-1).tolist()
     bound = partial(check, axes=call.names, members=members) if check is not None else None
-    return S.Comm.apply(call.x, S.PointToPoint(tuple(members), me, pairs), bound)
+    step = S.PointToPoint(tuple(members), me, pairs)
+    if call.slot is not None:  # async_op=True: the sends and receives started, or arrived
+        step = call.slot.take(call.x, step, bound)
+    return S.Comm.apply(call.x, step, bound)
 
 
 def _describe_perm(call: Call) -> str:
@@ -622,7 +684,8 @@ def _axis_size(call: Call) -> int:
 # backend: fake collectives carry no data, so the examples show shapes and types, and the text
 # says what the values are.
 
-def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
+def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None, async_op: bool = False,
+         op_dtype: torch.dtype | None = None) -> torch.Tensor | Pending:
     """Sum ``x`` over the members of ``axis``: every member gets the same total.
 
     Four members holding ``0, 1, 2, 3`` each get ``6``. The result is invariant over ``axis``;
@@ -636,16 +699,24 @@ def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
             calls it ``axis_name``.
         mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
             ``with rm:``.
+        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
+            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
+        op_dtype: communicate and reduce in this dtype (``torch.float32`` for a bfloat16 ``x``), then
+            cast the result back to ``x``'s dtype, once; the backward communicates in it too.
+            ``None`` (the default): in ``x``'s dtype.
 
     Returns:
         A new tensor, the sum, with ``x``'s shape and dtype.
+        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         TypeError: ``x`` is not a tensor (for ``psum(1, axis)``, JAX's idiom for the size of the
-            axes, call :func:`axis_size`), or ``mesh`` is a pure ``Mesh``.
+            axes, call :func:`axis_size`), ``async_op`` not a bool, or ``mesh`` a pure ``Mesh``.
         UnknownAxisError: a name that is not an axis of the mesh.
-        MeshError: a name repeated, no mesh given or entered, or this rank outside the mesh.
-        VmaError: in a typed region, an operand varying over some of the axes and not the others.
+        MeshError: ``op_dtype`` not a dtype of ``x``'s kind, a name repeated, no mesh given or
+            entered, or this rank outside the mesh.
+        VmaError: in a typed region, an operand varying over some of the axes and not the others
+            (with ``async_op=True`` too: raised when the call is issued).
 
     Examples:
         Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
@@ -658,6 +729,11 @@ def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
         >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> fm.psum(torch.ones(2, 3), "tp", mesh=rm).shape
         torch.Size([2, 3])
+        >>> pending = fm.psum(torch.ones(2, 3), "tp", mesh=rm, async_op=True)  # started; returns at once
+        >>> pending.wait().shape
+        torch.Size([2, 3])
+        >>> fm.psum(torch.ones(2, dtype=torch.bfloat16), "tp", mesh=rm, op_dtype=torch.float32).dtype
+        torch.bfloat16
         >>> def body(v):
         ...     print(fm.typeof(fm.psum(v, "tp")))
         ...     return v
@@ -665,29 +741,38 @@ def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
         AxisTypes(varying=frozenset())
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PSUM, psum, x, axis, mesh, {})
+    return _dispatch(PSUM, psum, x, axis, mesh, {"async_op": async_op, "op_dtype": op_dtype})
 
 
-def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
+def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None, async_op: bool = False,
+          op_dtype: torch.dtype | None = None) -> torch.Tensor | Pending:
     """The mean of ``x`` over the members of ``axis``: ``psum(x, axis) / n``.
 
     Four members holding ``0, 1, 2, 3`` each get ``1.5``. Typed and differentiated as
     :func:`psum` (backward: the cotangent divided by ``n``).
 
     Args:
-        x: this member's tensor (floating point: the division is true division).
+        x: this member's tensor (floating point: the division is true division; with ``op_dtype``,
+            in that dtype).
         axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
             calls it ``axis_name``.
         mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
             ``with rm:``.
+        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
+            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
+        op_dtype: communicate and reduce in this dtype (``torch.float32`` for a bfloat16 ``x``), then
+            cast the result back to ``x``'s dtype, once; the backward communicates in it too.
+            ``None`` (the default): in ``x``'s dtype.
 
     Returns:
         A new tensor, the mean, with ``x``'s shape.
+        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, or ``mesh`` is a pure ``Mesh``.
+        TypeError: ``x`` is not a tensor, ``async_op`` not a bool, or ``mesh`` a pure ``Mesh``.
         UnknownAxisError: a name that is not an axis of the mesh.
-        MeshError: a name repeated, no mesh given or entered, or this rank outside the mesh.
+        MeshError: ``op_dtype`` not a dtype of ``x``'s kind, a name repeated, no mesh given or
+            entered, or this rank outside the mesh.
         VmaError: in a typed region, an operand varying over some of the axes and not the others.
 
     Examples:
@@ -701,12 +786,16 @@ def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
         >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> fm.pmean(torch.ones(2, 3), ("dp", "tp"), mesh=rm).shape
         torch.Size([2, 3])
+        >>> grads = torch.ones(4, dtype=torch.bfloat16)
+        >>> fm.pmean(grads, "dp", mesh=rm, op_dtype=torch.float32, async_op=True).wait().dtype
+        torch.bfloat16
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PMEAN, pmean, x, axis, mesh, {})
+    return _dispatch(PMEAN, pmean, x, axis, mesh, {"async_op": async_op, "op_dtype": op_dtype})
 
 
-def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
+def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None,
+         async_op: bool = False) -> torch.Tensor | Pending:
     """The elementwise maximum of ``x`` over the members of ``axis``: every member gets the same.
 
     Four members holding ``[0, 5]``, ``[3, 5]``, ``[1, 2]``, ``[2, 0]`` each get ``[3, 5]``. The
@@ -721,9 +810,12 @@ def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
             calls it ``axis_name``.
         mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
             ``with rm:``.
+        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
+            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
 
     Returns:
         A new tensor, the maximum, with ``x``'s shape and dtype.
+        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         TypeError: ``x`` is not a tensor, or is complex, or ``mesh`` is a pure ``Mesh``.
@@ -751,10 +843,11 @@ def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
         AxisTypes(varying=frozenset())
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PMAX, pmax, x, axis, mesh, {})
+    return _dispatch(PMAX, pmax, x, axis, mesh, {"async_op": async_op})
 
 
-def pmin(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
+def pmin(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None,
+         async_op: bool = False) -> torch.Tensor | Pending:
     """The elementwise minimum of ``x`` over the members of ``axis``: :func:`pmax` with ``min``.
 
     Four members holding ``[0, 5]``, ``[3, 5]``, ``[1, 2]``, ``[2, 0]`` each get ``[0, 0]``; the
@@ -766,9 +859,12 @@ def pmin(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
             calls it ``axis_name``.
         mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
             ``with rm:``.
+        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
+            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
 
     Returns:
         A new tensor, the minimum, with ``x``'s shape and dtype.
+        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         TypeError: ``x`` is not a tensor, or is complex, or ``mesh`` is a pure ``Mesh``.
@@ -789,10 +885,11 @@ def pmin(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
         torch.Size([2, 3])
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PMIN, pmin, x, axis, mesh, {})
+    return _dispatch(PMIN, pmin, x, axis, mesh, {"async_op": async_op})
 
 
-def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> torch.Tensor:
+def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None,
+          async_op: bool = False) -> torch.Tensor | Pending:
     """Mark ``x``, the same on every member of ``axis``, as entering computation that varies over it.
 
     The identity forward; backward, the sum of the members' cotangents (:func:`psum`, Megatron's
@@ -805,9 +902,12 @@ def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
             calls it ``axis_name``.
         mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
             ``with rm:``.
+        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
+            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
 
     Returns:
         ``x``'s values as a new tensor, varying over ``axis``.
+        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         TypeError: ``x`` is not a tensor, or ``mesh`` is a pure ``Mesh``.
@@ -833,11 +933,11 @@ def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
         AxisTypes(varying=frozenset({'dp', 'tp'}))
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PVARY, pvary, x, axis, mesh, {})
+    return _dispatch(PVARY, pvary, x, axis, mesh, {"async_op": async_op})
 
 
 def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
-          mesh: RealizedMesh | None = None) -> torch.Tensor:
+          mesh: RealizedMesh | None = None, async_op: bool = False) -> torch.Tensor | Pending:
     """JAX's ``pcast``: change how ``x`` is typed over ``axis``; ``to="varying"`` is :func:`pvary`.
 
     Args:
@@ -847,9 +947,12 @@ def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
         to: the target: ``"varying"`` (the only one supported).
         mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
             ``with rm:``.
+        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
+            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
 
     Returns:
         What :func:`pvary` returns.
+        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         MeshError: another target, a name repeated, no mesh given or entered, or this rank
@@ -871,7 +974,7 @@ def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
         torch.Size([3])
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PCAST, pcast, x, axis, mesh, {"to": to})
+    return _dispatch(PCAST, pcast, x, axis, mesh, {"to": to, "async_op": async_op})
 
 
 def _jax_axis_keyword(public: Callable[..., Any]) -> Callable[..., Any]:
@@ -895,7 +998,8 @@ def _jax_axis_keyword(public: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tiled: bool = True,
-               to: str = "varying", mesh: RealizedMesh | None = None) -> torch.Tensor:
+               to: str = "varying", mesh: RealizedMesh | None = None, async_op: bool = False,
+               op_dtype: torch.dtype | None = None) -> torch.Tensor | Pending:
     """Every member's ``x`` along ``dim``, in mesh order: concatenated (``tiled``) or stacked.
 
     Four members holding ``[0]``, ``[1]``, ``[2]``, ``[3]`` each get ``[0, 1, 2, 3]``
@@ -914,15 +1018,21 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
         to: ``"varying"`` or ``"invariant"``.
         mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
             ``with rm:``.
+        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
+            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
+        op_dtype: communicate and reduce in this dtype (``torch.float32`` for a bfloat16 ``x``), then
+            cast the result back to ``x``'s dtype, once; the backward communicates in it too.
+            ``None`` (the default): in ``x``'s dtype.
 
     Returns:
         A new tensor: ``x`` with ``dim`` ``n`` times longer (tiled), or with a new dim of size ``n``.
+        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         TypeError: ``x`` is not a tensor, ``tiled`` not a bool, ``mesh`` a pure ``Mesh``, or the
             JAX spelling ``all_gather(x, axis_name, axis=d)`` (ours: ``all_gather(x, axis, dim=d)``).
-        MeshError: ``dim`` out of range, an unknown target, a name repeated, no mesh given or
-            entered, or this rank outside the mesh.
+        MeshError: ``dim`` out of range, an unknown target, ``op_dtype`` not a dtype of ``x``'s
+            kind, a name repeated, no mesh given or entered, or this rank outside the mesh.
         UnknownAxisError: a name that is not an axis of the mesh.
 
     Examples:
@@ -939,16 +1049,20 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
         torch.Size([8, 3])
         >>> fm.all_gather(x, ("dp", "tp"), dim=1, tiled=False, mesh=rm).shape
         torch.Size([2, 8, 3])
+        >>> fm.all_gather(x, "tp", mesh=rm, async_op=True).wait().shape
+        torch.Size([8, 3])
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(ALL_GATHER, all_gather, x, axis, mesh, {"dim": dim, "tiled": tiled, "to": to})
+    return _dispatch(ALL_GATHER, all_gather, x, axis, mesh,
+                     {"dim": dim, "tiled": tiled, "to": to, "async_op": async_op, "op_dtype": op_dtype})
 
 
 all_gather = _jax_axis_keyword(all_gather)
 
 
 def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tiled: bool = True,
-                 mesh: RealizedMesh | None = None) -> torch.Tensor:
+                 mesh: RealizedMesh | None = None, async_op: bool = False,
+                 op_dtype: torch.dtype | None = None) -> torch.Tensor | Pending:
     """Sum ``x`` over the members of ``axis`` and keep this member's block of ``dim`` (mesh order).
 
     Four members each holding ``[0, 1, 2, 3]``: member ``i`` gets ``[4 * i]`` (``tiled=False``:
@@ -963,14 +1077,20 @@ def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, ti
         tiled: keep a block of ``dim`` (``True``, our default; JAX's is ``False``) or drop ``dim``.
         mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
             ``with rm:``.
+        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
+            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
+        op_dtype: communicate and reduce in this dtype (``torch.float32`` for a bfloat16 ``x``), then
+            cast the result back to ``x``'s dtype, once; the backward communicates in it too.
+            ``None`` (the default): in ``x``'s dtype.
 
     Returns:
         A new tensor: ``x`` with ``dim`` ``n`` times shorter, or without ``dim`` (untiled).
+        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         TypeError: ``x`` is not a tensor, ``tiled`` not a bool, or ``mesh`` a pure ``Mesh``.
-        MeshError: ``dim`` out of range or not divisible, a name repeated, no mesh given or
-            entered, or this rank outside the mesh.
+        MeshError: ``dim`` out of range or not divisible, ``op_dtype`` not a dtype of ``x``'s kind,
+            a name repeated, no mesh given or entered, or this rank outside the mesh.
         UnknownAxisError: a name that is not an axis of the mesh.
         VmaError: in a typed region, an operand varying over some of the axes and not the others.
 
@@ -987,13 +1107,17 @@ def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, ti
         torch.Size([2, 3])
         >>> fm.psum_scatter(torch.ones(3, 8), ("dp", "tp"), dim=1, tiled=False, mesh=rm).shape
         torch.Size([3])
+        >>> grads = torch.ones(8, 3, dtype=torch.bfloat16)  # reduced in float32, one rounding to bfloat16
+        >>> fm.psum_scatter(grads, "tp", mesh=rm, op_dtype=torch.float32, async_op=True).wait().dtype
+        torch.bfloat16
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PSUM_SCATTER, psum_scatter, x, axis, mesh, {"dim": dim, "tiled": tiled})
+    return _dispatch(PSUM_SCATTER, psum_scatter, x, axis, mesh,
+                     {"dim": dim, "tiled": tiled, "async_op": async_op, "op_dtype": op_dtype})
 
 
 def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, concat_dim: int, *,
-               tiled: bool = True, mesh: RealizedMesh | None = None) -> torch.Tensor:
+               tiled: bool = True, mesh: RealizedMesh | None = None, async_op: bool = False) -> torch.Tensor | Pending:
     """Send block ``j`` of ``split_dim`` to member ``j``; concatenate what arrives along ``concat_dim``.
 
     Arrivals stand in mesh order. Two members holding ``[a0, a1]`` and ``[b0, b1]`` (split and
@@ -1011,9 +1135,12 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
         tiled: ``True`` (our default) or ``False`` (JAX's).
         mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
             ``with rm:``.
+        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
+            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
 
     Returns:
         A new tensor: ``split_dim`` ``n`` times shorter and ``concat_dim`` ``n`` times longer.
+        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         TypeError: ``x`` is not a tensor, ``tiled`` not a bool, or ``mesh`` a pure ``Mesh``.
@@ -1037,11 +1164,11 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return _dispatch(ALL_TO_ALL, all_to_all, x, axis, mesh,
-                     {"split_dim": split_dim, "concat_dim": concat_dim, "tiled": tiled})
+                     {"split_dim": split_dim, "concat_dim": concat_dim, "tiled": tiled, "async_op": async_op})
 
 
 def ragged_all_to_all(x: torch.Tensor, axis: str | Sequence[str], send_sizes: Any, recv_sizes: Any = None, *,
-                      mesh: RealizedMesh | None = None) -> torch.Tensor:
+                      mesh: RealizedMesh | None = None, async_op: bool = False) -> torch.Tensor | Pending:
     """Send rows of ``x`` (dim 0) by split sizes: ``send_sizes[j]`` rows to member ``j``, in order.
 
     The first ``send_sizes[0]`` rows go to member 0, the next ``send_sizes[1]`` to member 1, and
@@ -1059,9 +1186,12 @@ def ragged_all_to_all(x: torch.Tensor, axis: str | Sequence[str], send_sizes: An
             (one small all-to-all; eagerly only, under torch.compile pass them as Python ints).
         mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
             ``with rm:``.
+        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
+            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
 
     Returns:
         A new tensor of ``sum(recv_sizes)`` rows.
+        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         TypeError: ``x`` is not a tensor, sizes not ints, or ``mesh`` a pure ``Mesh``.
@@ -1084,11 +1214,11 @@ def ragged_all_to_all(x: torch.Tensor, axis: str | Sequence[str], send_sizes: An
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return _dispatch(RAGGED_ALL_TO_ALL, ragged_all_to_all, x, axis, mesh,
-                     {"send_sizes": send_sizes, "recv_sizes": recv_sizes})
+                     {"send_sizes": send_sizes, "recv_sizes": recv_sizes, "async_op": async_op})
 
 
 def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[int, int]], *,
-             mesh: RealizedMesh | None = None) -> torch.Tensor:
+             mesh: RealizedMesh | None = None, async_op: bool = False) -> torch.Tensor | Pending:
     """Send ``x`` from member ``s`` to member ``d`` for each pair ``(s, d)`` of ``perm``.
 
     Members are axis indices (:func:`axis_index`). A member that receives nothing gets zeros:
@@ -1105,9 +1235,12 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
             and once as a destination.
         mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
             ``with rm:``.
+        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
+            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
 
     Returns:
         A new tensor of ``x``'s shape.
+        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         TypeError: ``x`` is not a tensor, ``perm`` not pairs, or ``mesh`` a pure ``Mesh``.
@@ -1128,7 +1261,7 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
         torch.Size([2, 3])
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PPERMUTE, ppermute, x, axis, mesh, {"perm": perm})
+    return _dispatch(PPERMUTE, ppermute, x, axis, mesh, {"perm": perm, "async_op": async_op})
 
 
 def axis_index(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> int:

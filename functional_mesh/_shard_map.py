@@ -49,6 +49,7 @@ from ._interop import sharding_of
 from ._layout import row_major_strides
 from ._mesh import axes_size
 from ._op_rules import is_random, op_kind, written_operand
+from ._pending import Pending
 from ._sharding import NamedSharding, PartitionSpec
 
 __all__ = ["shard_map", "typeof"]
@@ -112,7 +113,7 @@ class _Region:
     """
 
     __slots__ = ("rm", "check_vma", "axes", "traced", "trace", "types", "tags", "sources", "random", "entered",
-                 "casts")
+                 "casts", "waiting")
 
     def __init__(self, rm: RealizedMesh, check_vma: bool) -> None:
         self.rm = rm
@@ -127,6 +128,7 @@ class _Region:
         self.sources: Any = None
         self.random = False  # whether a random op ran (the out_specs error then says why values vary)
         self.entered: list[torch.Tensor] = []  # tensors typed at the boundary (their tags go at exit)
+        self.waiting: list[Pending] = []  # results issued here with async_op=True: waited for by the exit?
         # the implicit casts made (cast): under torch.compile traced tensor -> {axes: (version, cast)}; eagerly
         # they are an attribute of the tensor (a _Casts) and this lists the tensors that hold one (weakly: a
         # cast must not keep a tensor alive), whose attributes go at exit
@@ -141,6 +143,9 @@ class _Region:
         return tag.axes if tag is not None and tag.region is self else _NOTHING
 
     def record(self, out: Any, axes: frozenset[str]) -> None:
+        if out.__class__ is Pending:  # async_op=True: its tensor takes this type when waited for
+            out.when_waited(self.record, axes)
+            return
         if isinstance(out, torch.Tensor):
             if self.traced:
                 if axes:
@@ -153,6 +158,10 @@ class _Region:
         if isinstance(out, (tuple, list)):
             for o in out:
                 self.record(o, axes)
+
+    def issued(self, pending: Pending) -> None:
+        """A collective issued in the region with ``async_op=True``: the exit checks it was waited for."""
+        self.waiting.append(pending)
 
     def check_trace(self, before: str) -> None:
         """Under torch.compile the types live in one trace: a graph break inside a typed region loses
@@ -605,11 +614,25 @@ def _call(f: Callable[..., Any], mesh: RealizedMesh | None, check_vma: bool, in_
                     out = f(*local)
             else:  # untyped: plain torch; only the collectives ask for the region
                 out = f(*local)
+        if region.waiting:
+            _check_waited(region.waiting)
         return _exit_all(region, out, out_specs)
     finally:
         for t in region.entered:  # the arguments' tensors carry no type out of the region
             region.forget(t)
         region.forget_casts()
+
+
+def _check_waited(issued: list[Pending]) -> None:
+    """Every result issued in the region with ``async_op=True`` must have been waited for when it returns."""
+    unwaited = [p for p in issued if not p.waited]
+    if unwaited:
+        names = ", ".join(f"{p.api} over {(p.axis[0] if len(p.axis) == 1 else p.axis)!r}" for p in unwaited)
+        raise MeshError(
+            "`shard_map` requires every collective issued in the region with async_op=True to be waited for before "
+            "the region's function returns (its communication would outlive the region, and a member waiting for "
+            f"it would hang), but {len(unwaited)} {'was' if len(unwaited) == 1 else 'were'} never waited for: "
+            f"{names}; call .wait() on each pending result and use the tensor it returns")
 
 
 @torch.compiler.assume_constant_result

@@ -14,6 +14,10 @@ back (JAX's transpose rule, with replicated cotangents as in Megatron). The line
 - :class:`Exchange` (all_to_all), :class:`Ragged` (ragged_all_to_all), :class:`Permute` and
   :class:`PointToPoint` (ppermute): each transposes to its inverse.
 
+A step that communicates also comes in two halves, ``start`` and ``finish``, for a collective
+issued now and waited for later (``async_op=True``, ``_pending``): :class:`Arrived` is the second
+half of a step started earlier.
+
 :class:`Comm` makes a step and its transpose one autograd node of a tensor and constants, which
 torch.compile traces whole. ``max`` and ``min`` are not linear: :class:`Extremum` gives pmax and
 pmin their gradient (to the members holding the result, ties split evenly, as ``torch.amax``).
@@ -45,8 +49,8 @@ from ._agree import agree, next_call
 from ._errors import MeshError, requires
 from ._realize_plan import check_timeout_seconds
 
-__all__ = ["CHECK_COLLECTIVES_ENV", "AllReduce", "Check", "Comm", "Exchange", "Extremum", "Gather", "Identity",
-           "Permute", "PointToPoint", "Ragged", "Scatter", "Slice", "check_off", "debug_check"]
+__all__ = ["CHECK_COLLECTIVES_ENV", "AllReduce", "Arrived", "Check", "Comm", "Exchange", "Extremum", "Gather",
+           "Identity", "Permute", "PointToPoint", "Ragged", "Scatter", "Slice", "check_off", "debug_check"]
 
 CHECK_COLLECTIVES_ENV = "FUNCTIONAL_MESH_CHECK_COLLECTIVES"
 _CHECK_MODES = {"1": "group", "group": "group", "mesh": "mesh"}  # setting -> participants
@@ -172,6 +176,12 @@ class AllReduce(NamedTuple):
             return x.clone()
         return _torch.all_reduce(x, self.op, self.group)
 
+    def start(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return _torch.all_reduce_start(x, self.op, self.group)
+
+    def finish(self, x: torch.Tensor, arrived: torch.Tensor) -> torch.Tensor:
+        return arrived
+
     def transpose(self) -> Identity:
         if self.op != "sum":
             raise TypeError(f"all_reduce({self.op!r}) is not linear and has no transpose; Extremum differentiates it")
@@ -192,13 +202,16 @@ class Identity(NamedTuple):
         return AllReduce(self.group, "sum")
 
 
-def _on_dim0(x: torch.Tensor, dim: int, call: Any, *args: Any) -> torch.Tensor:
-    """``call(x', *args)`` with ``x'`` = ``x`` with ``dim`` moved to the front (contiguous); the result moved back.
+# c10d gathers and reduce-scatters along dim 0 only: ``dim`` goes to the front (contiguous) before,
+# and back after.
 
-    c10d gathers and reduce-scatters along dim 0 only."""
-    if dim == 0:
-        return call(x.contiguous(), *args)
-    return call(x.movedim(dim, 0).contiguous(), *args).movedim(0, dim)
+
+def _front(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return x.contiguous() if dim == 0 else x.movedim(dim, 0).contiguous()
+
+
+def _back(y: torch.Tensor, dim: int) -> torch.Tensor:
+    return y if dim == 0 else y.movedim(0, dim)
 
 
 class Gather(NamedTuple):
@@ -219,7 +232,13 @@ class Gather(NamedTuple):
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
             return x.clone()
-        return _on_dim0(x, self.dim, _torch.all_gather, self.n, self.group)
+        return _back(_torch.all_gather(_front(x, self.dim), self.n, self.group), self.dim)
+
+    def start(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return _torch.all_gather_start(_front(x, self.dim), self.n, self.group)
+
+    def finish(self, x: torch.Tensor, arrived: torch.Tensor) -> torch.Tensor:
+        return _back(arrived, self.dim)
 
     def transpose(self) -> Scatter | Slice:
         if self.index is None:
@@ -242,7 +261,13 @@ class Scatter(NamedTuple):
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
             return x.clone()
-        return _on_dim0(x, self.dim, _torch.reduce_scatter, self.op, self.n, self.group)
+        return _back(_torch.reduce_scatter(_front(x, self.dim), self.op, self.n, self.group), self.dim)
+
+    def start(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return _torch.reduce_scatter_start(_front(x, self.dim), self.op, self.n, self.group)
+
+    def finish(self, x: torch.Tensor, arrived: torch.Tensor) -> torch.Tensor:
+        return _back(arrived, self.dim)
 
     def transpose(self) -> Gather:
         if self.op != "sum":
@@ -286,15 +311,21 @@ class Exchange(NamedTuple):
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
             return x.clone()
-        n, split_dim, concat_dim = self.n, self.split_dim, self.concat_dim
-        chunks = x.movedim(split_dim, 0)
+        return self.finish(x, _torch.wait(*self.start(x)))
+
+    def start(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        n = self.n
+        chunks = x.movedim(self.split_dim, 0)
         chunks = chunks.reshape(n, chunks.shape[0] // n, *chunks.shape[1:]).contiguous()
-        out = _torch.all_to_all(chunks, [1] * n, [1] * n, self.group)  # out[j]: member j's chunk for us
+        return _torch.all_to_all_start(chunks, [1] * n, [1] * n, self.group)  # out[j]: member j's chunk for us
+
+    def finish(self, x: torch.Tensor, arrived: torch.Tensor) -> torch.Tensor:
+        split_dim, concat_dim = self.split_dim, self.concat_dim
         if split_dim == 0 and concat_dim == 0:
-            return out.flatten(0, 1)
-        # out[j] is member j's block with split_dim in front: put it back, then lay the blocks
+            return arrived.flatten(0, 1)
+        # arrived[j] is member j's block with split_dim in front: put it back, then lay the blocks
         # side by side along concat_dim (member order)
-        return out.movedim(1, split_dim + 1).movedim(0, concat_dim).flatten(concat_dim, concat_dim + 1)
+        return arrived.movedim(1, split_dim + 1).movedim(0, concat_dim).flatten(concat_dim, concat_dim + 1)
 
     def transpose(self) -> Exchange:
         return Exchange(self.group, self.n, self.concat_dim, self.split_dim)
@@ -315,6 +346,12 @@ class Ragged(NamedTuple):
             return x.clone()
         return _torch.all_to_all(x.contiguous(), list(self.got), list(self.sent), self.group)
 
+    def start(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return _torch.all_to_all_start(x.contiguous(), list(self.got), list(self.sent), self.group)
+
+    def finish(self, x: torch.Tensor, arrived: torch.Tensor) -> torch.Tensor:
+        return arrived
+
     def transpose(self) -> Ragged:
         return Ragged(self.group, self.got, self.sent)
 
@@ -332,20 +369,31 @@ class Permute(NamedTuple):
     grad_by_torch = False
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1)
         if self.group is None:  # one member: (0, 0) sends x to itself; no pair sends nothing
-            return x.clone() if self.pairs else _zeros(x, flat)
+            return x.clone() if self.pairs else _zeros(x, x.reshape(-1))
+        return self.finish(x, _torch.wait(*self.start(x)))
+
+    def _splits(self, numel: int) -> tuple[list[int], list[int], list[int]]:
+        """What this member sends to and gets from each member (in elements), and whom it receives from."""
         n, me, pairs = self.n, self.me, self.pairs
         dest = [d for src, d in pairs if src == me] or [me]  # a member with nothing to send sends to itself,
         source = [src for src, d in pairs if d == me]  # so no member's buffer is empty (torch's fake backend
-        numel = flat.numel()  # refuses an empty one); that block is dropped below
-        sent = [numel if j == dest[0] else 0 for j in range(n)]
+        sent = [numel if j == dest[0] else 0 for j in range(n)]  # refuses an empty one); that block is dropped
         got = [numel * ((j in source) + (j == me and dest[0] == me and me not in source)) for j in range(n)]
-        out = _torch.all_to_all(flat.contiguous(), got, sent, self.group)
+        return sent, got, source
+
+    def start(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        flat = x.reshape(-1)
+        sent, got, _ = self._splits(flat.numel())
+        return _torch.all_to_all_start(flat.contiguous(), got, sent, self.group)
+
+    def finish(self, x: torch.Tensor, arrived: torch.Tensor) -> torch.Tensor:
+        numel = x.numel()
+        _, got, source = self._splits(numel)
         if not source:
-            return _zeros(x, out)
+            return _zeros(x, arrived)
         start = sum(got[:source[0]])
-        return out[start:start + numel].reshape(x.shape)
+        return arrived[start:start + numel].reshape(x.shape)
 
     def transpose(self) -> Permute:
         return Permute(self.group, self.n, self.me, tuple((d, s) for s, d in self.pairs))
@@ -362,6 +410,9 @@ class PointToPoint(NamedTuple):
     grad_by_torch = False
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
+        return _torch.wait(*self.start(x))
+
+    def start(self, x: torch.Tensor) -> tuple[torch.Tensor, _Works]:
         src = x.contiguous()
         out = torch.zeros_like(src)  # contiguous too: gloo receives only into contiguous tensors
         ops = []
@@ -372,13 +423,60 @@ class PointToPoint(NamedTuple):
                 ops.append(dist.P2POp(dist.isend, src, self.members[d]))
             elif d == self.me:
                 ops.append(dist.P2POp(dist.irecv, out, self.members[s]))
-        if ops:
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-        return out
+        return out, _Works(dist.batch_isend_irecv(ops) if ops else ())
+
+    def finish(self, x: torch.Tensor, arrived: torch.Tensor) -> torch.Tensor:
+        return arrived
 
     def transpose(self) -> PointToPoint:
         return PointToPoint(self.members, self.me, tuple((d, s) for s, d in self.pairs))
+
+
+class _Works:
+    """The c10d ``Work`` of each send and receive of a :class:`PointToPoint`, waited for as one."""
+
+    __slots__ = ("works",)
+
+    def __init__(self, works: Sequence[Any]) -> None:
+        self.works = tuple(works)
+
+    def wait(self) -> None:
+        for work in self.works:
+            work.wait()
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
+
+# -- a step started earlier (async_op=True) -----------------------------------------------------------
+#
+# Each step that communicates has, beside ``run(x)``, its two halves: ``start(x) -> (buffer, work)``
+# (the communication started, not waited for: ``_torch``'s ``*_start``) and ``finish(x, arrived)``
+# (the local work after it, on the buffer once it has arrived). ``run`` is ``finish(x, wait(*start(x)))``,
+# written out where that saves a call on the eager hot path (psum).
+
+
+class Arrived(NamedTuple):
+    """``step``, whose communication was started earlier and whose buffer ``arrived``: ``run`` only finishes it.
+
+    Local (nothing left to communicate, so the debug check skips its forward); its transpose is
+    ``step``'s, so the gradient is the blocking call's.
+    """
+
+    step: Any
+    arrived: torch.Tensor
+    local = True
+    grad_by_torch = False
+
+    @property
+    def group(self) -> Any:
+        return self.step.group
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        return self.step.finish(x, self.arrived)
+
+    def transpose(self) -> Any:
+        return self.step.transpose()
 
 
 # -- the autograd nodes ---------------------------------------------------------------------------------
@@ -417,7 +515,7 @@ class Extremum(torch.autograd.Function):
     def forward(ctx, x, steps, checks, grad):
         y = x
         for step, check in zip(steps, checks, strict=True):
-            if check is not None:
+            if check is not None and not step.local:
                 check(y, backward=False)
             y = step.run(y)
         if grad:

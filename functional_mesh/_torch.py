@@ -35,6 +35,9 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
   checks), the reduction a parameter (:data:`REDUCE_OPS`);
 - ``torch.ops._c10d_functional`` (``all_reduce``, ``all_gather_into_tensor``,
   ``reduce_scatter_tensor``, ``all_to_all_single``, ``wait_tensor``): the collectives, by group name;
+  the ``Work`` that the group's methods return, waited for later with ``async_op=True``
+  (:func:`wait`), and ``torch._C.DisableTorchFunction`` (:func:`no_torch_function`), under
+  which a pending result's ``wait()`` finishes its collective as the call itself would have;
 - ``torch._C._is_torch_function_mode_enabled()``, to let a ``shard_map`` region see the
   collectives (eagerly for those without a tensor operand, ``axis_index`` and ``axis_size``;
   under torch.compile for all, where ``has_torch_function`` sees tensor subclasses only);
@@ -63,7 +66,9 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ._errors import MeshError, requires
 
-__all__ = ["PlacementPlan", "abort_groups", "all_gather", "all_reduce", "all_to_all", "can_split", "default_group",
+__all__ = ["PlacementPlan", "abort_groups", "all_gather", "all_gather_start", "all_reduce", "all_reduce_start",
+           "all_to_all", "all_to_all_start", "no_torch_function", "reduce_scatter_start", "wait", "can_split",
+           "default_group",
            "default_store", "device_mesh_from_groups", "from_placements", "global_rank", "group_members",
            "group_in_order", "group_name", "group_timeout", "known_groups", "local_tensor", "mesh_parts", "one_rank_group", "op_overload_name", "pytree",
            "reduce_scatter", "register_flattened", "set_group_desc", "to_placements", "torch_function_mode_active",
@@ -155,38 +160,77 @@ _SUM = _ALLREDUCE["sum"]  # psum's, without the mapping lookup
 
 def all_gather(x: torch.Tensor, n: int, group: Any) -> torch.Tensor:
     """Every member's ``x`` concatenated along dim 0, in group-rank order."""
-    if isinstance(group, str):
-        return _C10D.wait_tensor(_C10D.all_gather_into_tensor(x, n, group))
-    out = x.new_empty((n * x.shape[0], *x.shape[1:]))
-    if x.is_complex():
-        dist.all_gather_into_tensor(out, x, group=group)
-    else:
-        group._allgather_base(out, x).wait()
-    return out
+    return wait(*all_gather_start(x, n, group))
 
 
 def reduce_scatter(x: torch.Tensor, op: str, n: int, group: Any) -> torch.Tensor:
     """The reduction ``op`` over the group, this member's ``1/n`` block of dim 0."""
-    if isinstance(group, str):
-        return _C10D.wait_tensor(_C10D.reduce_scatter_tensor(x, op, n, group))
-    out = x.new_empty((x.shape[0] // n, *x.shape[1:]))
-    if x.is_complex():
-        dist.reduce_scatter_tensor(out, x, op=_REDUCE_SCATTER[op].reduceOp, group=group)
-    else:
-        group._reduce_scatter_base(out, x, _REDUCE_SCATTER[op]).wait()
-    return out
+    return wait(*reduce_scatter_start(x, op, n, group))
 
 
 def all_to_all(x: torch.Tensor, out_splits: list[int], in_splits: list[int], group: Any) -> torch.Tensor:
     """Block ``j`` of dim 0 (``in_splits[j]`` rows) to member ``j``; arrivals in member order."""
+    return wait(*all_to_all_start(x, out_splits, in_splits, group))
+
+
+# Started, not waited for (``async_op=True``): each ``*_start`` returns ``(buffer, work)``. Eagerly the
+# buffer is the tensor the collective writes and ``work`` its c10d ``Work`` (the group's method or
+# ``dist.*(async_op=True)``); under torch.compile the buffer is the functional collective's result and
+# ``work`` is ``None``: :func:`wait` is then its ``wait_tensor``.
+
+
+def wait(buffer: torch.Tensor, work: Any) -> torch.Tensor:
+    """The result of a started collective: its ``Work`` waited for (eagerly), or its ``wait_tensor`` (compiled)."""
+    if work is None:
+        return _C10D.wait_tensor(buffer)
+    work.wait()
+    return buffer
+
+
+def all_reduce_start(x: torch.Tensor, op: str, group: Any) -> tuple[torch.Tensor, Any]:
+    """:func:`all_reduce`, started: ``x`` (no gradient is taken through it) reduced in a new buffer."""
     if isinstance(group, str):
-        return _C10D.wait_tensor(_C10D.all_to_all_single(x, out_splits, in_splits, group))
+        return _C10D.all_reduce(x, op, group), None
+    y = x.clone(memory_format=torch.contiguous_format)
+    if y.is_complex():
+        return y, dist.all_reduce(y, op=_ALLREDUCE[op].reduceOp, group=group, async_op=True)
+    return y, group.allreduce([y], _ALLREDUCE[op])
+
+
+def all_gather_start(x: torch.Tensor, n: int, group: Any) -> tuple[torch.Tensor, Any]:
+    """:func:`all_gather`, started."""
+    if isinstance(group, str):
+        return _C10D.all_gather_into_tensor(x, n, group), None
+    out = x.new_empty((n * x.shape[0], *x.shape[1:]))
+    if x.is_complex():
+        return out, dist.all_gather_into_tensor(out, x, group=group, async_op=True)
+    return out, group._allgather_base(out, x)
+
+
+def reduce_scatter_start(x: torch.Tensor, op: str, n: int, group: Any) -> tuple[torch.Tensor, Any]:
+    """:func:`reduce_scatter`, started."""
+    if isinstance(group, str):
+        return _C10D.reduce_scatter_tensor(x, op, n, group), None
+    out = x.new_empty((x.shape[0] // n, *x.shape[1:]))
+    if x.is_complex():
+        return out, dist.reduce_scatter_tensor(out, x, op=_REDUCE_SCATTER[op].reduceOp, group=group, async_op=True)
+    return out, group._reduce_scatter_base(out, x, _REDUCE_SCATTER[op])
+
+
+def all_to_all_start(x: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                     group: Any) -> tuple[torch.Tensor, Any]:
+    """:func:`all_to_all`, started."""
+    if isinstance(group, str):
+        return _C10D.all_to_all_single(x, out_splits, in_splits, group), None
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
     if x.is_complex():
-        dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
-    else:
-        group.alltoall_base(out, x, out_splits, in_splits).wait()
-    return out
+        return out, dist.all_to_all_single(out, x, out_splits, in_splits, group=group, async_op=True)
+    return out, group.alltoall_base(out, x, out_splits, in_splits)
+
+
+def no_torch_function() -> Any:
+    """A context where no torch function mode or tensor subclass sees torch's ops (``DisableTorchFunction``)."""
+    return torch._C.DisableTorchFunction()
 
 
 def group_name(pg: Any) -> str:
