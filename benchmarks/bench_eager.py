@@ -11,6 +11,13 @@ figure is the Python and dispatcher cost a real job pays on top of its communica
 - region: ``h = tanh(h * w)`` 100 times on an 8 x 16 shard (DTensors ``(32, 16)``, ``P("tp")``) in
   ``fm.shard_map`` typed and untyped, against the plain body on the local shards; and an identity
   region's boundary against ``to_local`` + ``DTensor.from_local``;
+- mixed types: the same body 50 times (100 ops) with ``w`` an invariant weight (``P()``, an 8 x 16
+  DTensor): every ``h * w`` meets a varying and an invariant operand, so the region casts ``w``
+  (once: the cast is reused);
+- unreduced row parallel: ``y = pcast(h @ w, "tp", to="unreduced")`` (``h`` split by columns,
+  ``w`` by rows), a few linear ops on the pending sum, ``psum_scatter`` over ``tp``; against the
+  same ops on the local shards with ``fm.psum_scatter`` outside any region (skipped, with a note,
+  on a tree without ``to="unreduced"``);
 - block: a Megatron tensor + sequence parallel transformer block (attention and MLP, forward and
   backward; ``all_gather`` of S before the column-parallel matmuls, ``psum_scatter`` after the
   row-parallel ones) in ``fm.shard_map`` typed and untyped, against the same block by hand: raw
@@ -46,6 +53,7 @@ RAW, RAW2 = "raw", "raw, 2nd series"
 BLOCK = ("hand, raw c10d", "hand, fm collectives", "hand, raw c10d, DTensor in and out", "shard_map typed",
          "shard_map untyped")
 SHAPES = {"small": (4, 16, 32, 64, 4), "medium": (8, 256, 256, 1024, 8)}  # (B, S, D, F, heads)
+PARTS = ("collectives", "regions", "mixed", "unreduced", "block")  # --only
 
 
 def timed(calls: dict[str, Any], reps: int, warmup: int, number: int = 1) -> dict[str, list[float]]:
@@ -59,6 +67,15 @@ def collective_rows(rm: Any, reps: int, warmup: int) -> list[R.Result]:
         for name, (ours, raw) in pairs(rm, "tp", nbytes).items():
             samples = timed({"fm": ours, RAW: raw, RAW2: raw}, reps, warmup, 10 if nbytes < 1 << 20 else 1)
             out += [R.measured(BENCH, "collectives", f"{name}, {R.fmt(nbytes, 'B')}", k, v) for k, v in samples.items()]
+    return out
+
+
+def per_op(bench_rows: dict[str, list[float]], table: str, what: str, ops: int) -> list[R.Result]:
+    """A call's samples, and the same divided by its number of torch ops (µs per op)."""
+    out = []
+    for k, v in bench_rows.items():
+        out.append(R.measured(BENCH, table, f"region call ({what}, {ops} torch ops)", k, v))
+        out.append(R.measured(BENCH, table, f"per torch op (call / {ops})", k, [s / ops for s in v]))
     return out
 
 
@@ -77,10 +94,7 @@ def region_rows(tp: Any, reps: int, warmup: int) -> list[R.Result]:
                       for c in (True, False))
     region = timed({"plain": lambda: body(xl, wl), "typed": lambda: typed(x, w), "untyped": lambda: untyped(x, w)},
                    reps, warmup)
-    out = []
-    for k, v in region.items():
-        out.append(R.measured(BENCH, "region", "region call (200 torch ops)", k, v))
-        out.append(R.measured(BENCH, "region", "per torch op (call / 200)", k, [s / 200 for s in v]))
+    out = per_op(region, "region", "one type", 200)
 
     dm, placements = tp.device_mesh, x.placements
     ident = {c: fm.shard_map(lambda a: a, in_specs=P("tp"), out_specs=P("tp"), mesh=tp, check_vma=c)
@@ -91,6 +105,65 @@ def region_rows(tp: Any, reps: int, warmup: int) -> list[R.Result]:
     out += [R.measured(BENCH, "boundary", "identity region, one (32, 16) DTensor P('tp')", k, v)
             for k, v in boundary.items()]
     return out
+
+
+def mixed_body(h: Any, w: Any) -> Any:
+    """100 torch ops, half of them with a varying and an invariant operand (``w``)."""
+    for _ in range(50):
+        h = torch.tanh(h * w)
+    return h
+
+
+def mixed_rows(tp: Any, reps: int, warmup: int) -> list[R.Result]:
+    g = torch.Generator().manual_seed(1)
+    x = fm.distribute(torch.randn(32, 16, generator=g), fm.NamedSharding(tp.mesh, P("tp")), mesh=tp)
+    w = fm.distribute(torch.randn(8, 16, generator=g), fm.NamedSharding(tp.mesh, P()), mesh=tp)  # invariant
+    xl, wl = x.to_local(), w.to_local()
+    typed, untyped = (fm.shard_map(mixed_body, in_specs=(P("tp"), P()), out_specs=P("tp"), mesh=tp, check_vma=c)
+                      for c in (True, False))
+    samples = timed({"plain": lambda: mixed_body(xl, wl), "typed": lambda: typed(x, w),
+                     "untyped": lambda: untyped(x, w)}, reps, warmup)
+    return per_op(samples, "mixed", "invariant w", 100)
+
+
+def row_parallel(h: Any, w: Any, pcast: Any, scatter: Any) -> Any:
+    """A row-parallel matmul kept a pending sum through a few linear ops, then reduce-scattered."""
+    y = pcast(h @ w)  # this member's term of the sum
+    y = (y * 0.5 + y).T.contiguous().T * 2.0
+    return scatter(y)
+
+
+def unreduced_missing(tp: Any) -> str | None:
+    """Why ``fm.pcast(x, axis, to="unreduced")`` cannot run here (``None``: it can)."""
+    try:
+        fm.shard_map(lambda h: fm.psum(fm.pcast(h, "tp", to="unreduced"), "tp"), in_specs=P("tp"), out_specs=P(),
+                     mesh=tp)(torch.ones(8))
+    except (fm.MeshError, TypeError) as error:
+        return str(error).split(";")[0]
+    return None
+
+
+def unreduced_rows(tp: Any, reps: int, warmup: int) -> list[R.Result]:
+    """The row-parallel body typed (unreduced), untyped (pcast is the identity) and by hand on the local shards."""
+    g = torch.Generator().manual_seed(2)
+    seq, f, d = 64, 64, 32  # h (S, F) split by columns, w (F, D) by rows: local (64, 16) @ (16, 32)
+    h = fm.distribute(torch.randn(seq, f, generator=g), fm.NamedSharding(tp.mesh, P(None, "tp")), mesh=tp)
+    w = fm.distribute(torch.randn(f, d, generator=g), fm.NamedSharding(tp.mesh, P("tp")), mesh=tp)
+    hl, wl = h.to_local(), w.to_local()
+
+    def body(h: Any, w: Any) -> Any:
+        return row_parallel(h, w, lambda t: fm.pcast(t, "tp", to="unreduced"), lambda t: fm.psum_scatter(t, "tp"))
+
+    def by_hand() -> Any:
+        return row_parallel(hl, wl, lambda t: t, lambda t: fm.psum_scatter(t, "tp", mesh=tp))
+
+    typed, untyped = (fm.shard_map(body, in_specs=(P(None, "tp"), P("tp")), out_specs=P("tp"), mesh=tp, check_vma=c)
+                      for c in (True, False))
+    with _Count() as count:
+        by_hand()
+    ops = count.calls + 1  # what a typed region dispatches on: these and the pcast
+    samples = timed({"plain": by_hand, "typed": lambda: typed(h, w), "untyped": lambda: untyped(h, w)}, reps, warmup)
+    return per_op(samples, "unreduced", "row parallel", ops)
 
 
 def _seq(x: Any, group: Any, n: int, gather: bool) -> Any:
@@ -206,7 +279,11 @@ def block_rows(tp: Any, shape: str, reps: int, warmup: int) -> list[R.Result]:
 def main() -> int:
     p = H.parser(__doc__, "fewer repetitions (about 30 s)")
     p.add_argument("--reps", type=int, help="repetitions per row (default 300; quick 50); the medium block: 1/10")
+    p.add_argument("--only", help=f"comma-separated parts to run (default all): {', '.join(PARTS)}")
     args = p.parse_args()
+    only = PARTS if args.only is None else tuple(args.only.split(","))
+    if set(only) - set(PARTS):
+        p.error(f"--only takes parts among {', '.join(PARTS)}, but got {args.only}")
     reps = args.reps or (50 if args.quick else 300)
     warmup = 5 if args.quick else 20
     run, t0, tree = H.start_run(BENCH), time.perf_counter(), H.revision()
@@ -221,6 +298,13 @@ def main() -> int:
         R.Table(BENCH, "region", "100 × tanh(h * w) on an 8 × 16 shard, in a region vs plain torch",
                 "figure", (("typed", "plain", "typed / plain"), ("untyped", "plain", "untyped / plain")),
                 (("typed", "plain", "typed − plain"), ("untyped", "plain", "untyped − plain"))),
+        R.Table(BENCH, "mixed", "50 × tanh(h * w), w invariant (P()): operands of two types, in a region vs plain "
+                "torch", "figure", (("typed", "plain", "typed / plain"), ("untyped", "plain", "untyped / plain")),
+                (("typed", "plain", "typed − plain"), ("untyped", "plain", "untyped − plain"))),
+        R.Table(BENCH, "unreduced", "Row-parallel matmul kept a pending sum (pcast to='unreduced'), linear ops, "
+                "psum_scatter; in a region vs the same ops by hand", "figure",
+                (("typed", "plain", "typed / plain"), ("untyped", "plain", "untyped / plain")),
+                (("typed", "plain", "typed − plain"), ("untyped", "plain", "untyped − plain"))),
         R.Table(BENCH, "boundary", "An identity region's boundary vs to_local + from_local", "region",
                 (("typed", "to_local + from_local", "typed / DTensor"),
                  ("untyped", "to_local + from_local", "untyped / DTensor")),
@@ -231,13 +315,19 @@ def main() -> int:
                           (BLOCK[4], BLOCK[2], "untyped / hand with DTensors"),
                           (BLOCK[1], BLOCK[0], "hand fm / hand raw")),
                 ((BLOCK[3], BLOCK[0], "typed − hand"),))]
-    for what, rows in (("collectives", lambda: collective_rows(rm, reps, warmup)),
-                       ("regions", lambda: region_rows(tp, reps, warmup)),
-                       ("block, small", lambda: block_rows(tp, "small", reps, warmup)),
-                       ("block, medium", lambda: block_rows(tp, "medium", max(5, reps // 10), 3))):
-        print(f"{what} ...", file=sys.stderr, flush=True)
-        records += rows()
     notes = [tree, "fake backend: collectives carry no data (values meaningless), their dispatch is real"]
+    missing = unreduced_missing(tp) if "unreduced" in only else None
+    if missing is not None:
+        notes.append(f"unreduced row parallel: skipped, fm.pcast(x, axis, to='unreduced') is refused here ({missing})")
+    for part, what, rows in (("collectives", "collectives", lambda: collective_rows(rm, reps, warmup)),
+                             ("regions", "regions", lambda: region_rows(tp, reps, warmup)),
+                             ("mixed", "mixed types", lambda: mixed_rows(tp, reps, warmup)),
+                             ("unreduced", "unreduced", lambda: [] if missing else unreduced_rows(tp, reps, warmup)),
+                             ("block", "block, small", lambda: block_rows(tp, "small", reps, warmup)),
+                             ("block", "block, medium", lambda: block_rows(tp, "medium", max(5, reps // 10), 3))):
+        if part in only:
+            print(f"{what} ...", file=sys.stderr, flush=True)
+            records += rows()
     R.write(args.out, [H.finish_run(run, time.perf_counter() - t0, notes), *records])
     return 0
 

@@ -313,7 +313,9 @@ class _TypedMode(TorchFunctionMode):
 
     The common op (tensors and scalars, positional or scalar keyword arguments, nothing written,
     nothing drawn) whose tensor operands all have one type costs one table lookup and one type
-    read per operand: its result has that type and nothing is cast.
+    read per operand: its result has that type and nothing is cast. The same op with operands of
+    several types (an invariant weight into a varying activation) adds the default rule's cached
+    answer and each cast's cached tensor (``_Region.cast``): no pytree, no rule computed again.
     """
 
     def __init__(self, region: _Region) -> None:
@@ -327,11 +329,18 @@ class _TypedMode(TorchFunctionMode):
         region = self.region
         if kind.role == "op" and not kind.random and not kind.writes_first and not region.traced:
             same = _one_type(region, args, kwargs)
-            if same is not None:
-                out = func(*args, **kwargs) if kwargs else func(*args)
-                if same:
+            if same is None:  # operands of several types, flat: each cast up to their join (or the general path)
+                joined = _joined(region, args, kwargs)
+                if joined is None:
+                    return self._typed(func, kind, args, kwargs or {})
+                args, kwargs, same = joined
+            out = func(*args, **kwargs) if kwargs else func(*args)
+            if same:
+                if isinstance(out, torch.Tensor):  # an op's result: a tensor (the instance dict: see record)
+                    out.__dict__[_TAG] = region._tag(same)
+                else:
                     region.record(out, same)
-                return out
+            return out
         return self._typed(func, kind, args, kwargs or {})
 
     def _typed(self, func: Any, kind: Any, args: tuple, kwargs: dict) -> Any:
@@ -349,13 +358,6 @@ class _TypedMode(TorchFunctionMode):
                 f"`{kind.name}` (torch.distributed) writes a result whose type a typed shard_map region cannot "
                 f"know: it would leave a tensor typed invariant while its values differ across ranks; use "
                 f"{C.RAW[func]} by axis name instead, or run this region with check_vma=False")
-        if kind.role == "op" and not kind.random and not kind.writes_first and not region.traced:
-            joined = _joined(region, args, kwargs)
-            if joined is not None:  # operands of several types, flat: each cast up to their join, then run
-                args, kwargs, result = joined
-                out = func(*args, **kwargs) if kwargs else func(*args)
-                region.record(out, result)
-                return out
         flat, tree = _operands(args, kwargs)
         positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
         operands = [region.type_of(flat[i]) for i in positions]
