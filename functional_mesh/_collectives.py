@@ -231,8 +231,9 @@ def _op_dtype(api: str, x: torch.Tensor, op_dtype: object) -> torch.dtype:
     valid = "None, " + {"floating-point": "torch.float16, torch.bfloat16, torch.float32, torch.float64",
                         "complex": "torch.complex64, torch.complex128",
                         "integer": "torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64"}[kind]
-    raise MeshError(requires(api, f"op_dtype=None or a {kind} torch.dtype for x of dtype {x.dtype} (the dtype to "
-                             "communicate and reduce in)", "op_dtype", op_dtype, valid))
+    article = "an" if kind == "integer" else "a"
+    raise MeshError(requires(api, f"op_dtype=None or {article} {kind} torch.dtype for x of dtype {x.dtype} (the "
+                             "dtype to communicate and reduce in)", "op_dtype", op_dtype, valid))
 
 
 # -- the record ---------------------------------------------------------------------------------------
