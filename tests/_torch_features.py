@@ -19,3 +19,11 @@ def needs_compiled_regions() -> pytest.MarkDecorator:
         failure is not None,
         reason=f"torch {torch.__version__}: its dynamo cannot trace a shard_map region ({failure}), so shard_map "
                "raises MeshError at a compiled region's entry; run the region eagerly, or compile the body's parts")
+
+
+def skip_unless_compiled_regions() -> None:
+    """In a test: skip it where :func:`needs_compiled_regions` would (one case of a parametrized test)."""
+    failure = _torch.region_trace_failure()
+    if failure is not None:
+        pytest.skip(f"torch {torch.__version__}: its dynamo cannot trace a shard_map region ({failure}), so "
+                    "shard_map raises MeshError at a compiled region's entry")

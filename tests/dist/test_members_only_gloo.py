@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
 import functional_mesh as fm
-from functional_mesh import make_mesh
+from functional_mesh import _torch, make_mesh
 from tests.dist._pool import pool_fixture
 
 w8 = pool_fixture(8)
@@ -123,7 +124,8 @@ def my_dp_group(order):
     mine = None
     for t in range(4):
         row = order([t, t + 4])
-        pg = dist.new_group(row, sort_ranks=False, timeout=__import__("datetime").timedelta(seconds=TIMEOUT_S))
+        keep = {"sort_ranks": False} if _torch.NEW_GROUP_SORT_RANKS else {}  # torch 2.11's always sorts
+        pg = dist.new_group(row, timeout=__import__("datetime").timedelta(seconds=TIMEOUT_S), **keep)
         if dist.get_rank() in row:
             mine = pg
     return mine
@@ -172,5 +174,8 @@ def check_adopted_errors():
 def test_adopted_group_is_validated(w8):
     size, position, key = w8.run(check_adopted_errors, timeout=60)[5]
     assert "realize" in size and "size" in size and "size 8" in size and "2" in size
-    assert "rank 5 is group rank 0" in position and "valid: 1" in position
     assert "'pp'" in key and "('dp', 'tp')" in key
+    if not _torch.NEW_GROUP_SORT_RANKS:
+        pytest.skip("the position case: this torch's new_group has no sort_ranks and always sorts its ranks "
+                    "(2.11), so there is no reversed group to adopt (the size and key cases passed)")
+    assert "rank 5 is group rank 0" in position and "valid: 1" in position
