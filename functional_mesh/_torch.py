@@ -44,6 +44,10 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
 - ``torch._dynamo.exc.UserError`` (``UserErrorType.INVALID_INPUT``), which dynamo re-raises
   unchanged from a trace: the base of the errors a compiled shard_map raises while tracing
   (:func:`trace_time_error`).
+- ``torch.compile`` of a miniature region inside a trace (:func:`region_trace_failure`, the feature
+  probe behind compiled regions) and ``torch._dynamo.utils.get_chromium_event_logger()``'s
+  ``get_stack``/``get_pt2_compile_substack`` (feature-detected), whose events that nested compile
+  would otherwise end for the trace around it.
 
 Creates no process group but two kinds, for ``_cache`` only (:func:`one_rank_group`,
 :func:`group_in_order`). The pure layers reach this module only lazily (``NamedSharding.placements``) so that planning a mesh needs no torch.
