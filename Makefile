@@ -106,6 +106,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_transforms.py $(if $(BEFORE),--before $(BEFORE)) --out benchmarks/results/transforms.jsonl
 	$(PY) benchmarks/bench_realize.py --out benchmarks/results/realize.jsonl
 	$(PY) benchmarks/bench_collectives.py --out benchmarks/results/collectives.jsonl
+	$(PY) benchmarks/bench_overlap.py --out benchmarks/results/overlap.jsonl
 	$(PY) benchmarks/bench_moe.py --out benchmarks/results/moe.jsonl
 	$(PY) benchmarks/bench_eager.py --out benchmarks/results/eager.jsonl
 	$(PY) benchmarks/bench_shard_map.py --out benchmarks/results/shard_map.jsonl
@@ -114,7 +115,8 @@ bench: $(STAMP)
 	$(if $(wildcard .venv-titan/bin/python),.venv-titan/bin/python,$(PY)) benchmarks/bench_torchtitan.py \
 		--out benchmarks/results/torchtitan.jsonl
 	$(PY) benchmarks/_report.py benchmarks/results/transforms.jsonl benchmarks/results/realize.jsonl \
-		benchmarks/results/collectives.jsonl benchmarks/results/eager.jsonl benchmarks/results/moe.jsonl \
+		benchmarks/results/collectives.jsonl benchmarks/results/overlap.jsonl benchmarks/results/eager.jsonl \
+		benchmarks/results/moe.jsonl \
 		benchmarks/results/shard_map.jsonl benchmarks/results/compile.jsonl benchmarks/results/torchtitan.jsonl --docs docs/benchmarks.md
 
 # Optional: a static site of docs/ with mkdocs (the "docs" extra); every page is also doctested by make test.
