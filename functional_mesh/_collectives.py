@@ -259,6 +259,9 @@ class Collective:
     untyped: Callable[[Call], Any] | None = None
     region_dtype: torch.dtype | None = None
     describe: Callable[[Call], str] | None = None  # the parameters, as the debug check and messages show them
+    # the rule for an operand that is a pending sum (unreduced over some axes): (api, varying, unreduced, axes,
+    # params) -> Rule; None: the collective refuses one (it would move or compare the terms, not the sum)
+    unreduced: Callable[[str, frozenset[str], frozenset[str], frozenset[str], dict[str, Any]], _vma.Rule] | None = None
 
 
 COLLECTIVES: dict[Any, Collective] = {}  # public function -> its record
@@ -434,9 +437,47 @@ def _pvary_rule(api: str, operand: frozenset[str], axes: frozenset[str], params:
 
 
 def _pcast_params(api: str, params: dict[str, Any]) -> dict[str, Any]:
-    if params["to"] != "varying":
-        raise MeshError(requires(api, "a supported target", "to", params["to"], "'varying'"))
+    if params["to"] not in ("varying", "unreduced"):
+        raise MeshError(requires(api, "a supported target", "to", params["to"], "'varying', 'unreduced'"))
     return params
+
+
+# pcast(to="unreduced"): identity forward and backward (a pending sum's cotangent is the same on every
+# member, as the cotangent of the varying value it was); the result is a pending sum over the axes.
+
+
+def _pcast(call: Call) -> torch.Tensor:
+    if call.params["to"] == "varying":
+        return _pvary(call)
+    return _identity(call).view_as(call.x)  # a new tensor: the region types it, not x
+
+
+def _pcast_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: dict[str, Any]) -> _vma.Rule:
+    if params["to"] == "varying":
+        return _vma.pvary_rule(api, operand, axes)
+    return _vma.unreduced_cast_rule(api, operand, frozenset(), axes)
+
+
+def _pcast_unreduced(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str],
+                   params: dict[str, Any]) -> _vma.Rule:
+    if params["to"] == "varying":
+        return _vma.unreduced_pvary_rule(api, varying, unreduced, axes)
+    return _vma.unreduced_cast_rule(api, varying, unreduced, axes)
+
+
+def _pvary_unreduced(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str],
+                   params: dict[str, Any]) -> _vma.Rule:
+    return _vma.unreduced_pvary_rule(api, varying, unreduced, axes)
+
+
+def _psum_unreduced(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str],
+                  params: dict[str, Any]) -> _vma.Rule:
+    return _vma.unreduced_psum_rule(api, varying, unreduced, axes)
+
+
+def _scatter_unreduced(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str],
+                     params: dict[str, Any]) -> _vma.Rule:
+    return _vma.unreduced_scatter_rule(api, varying, unreduced, axes)
 
 
 # all_gather: gather forward; backward psum_scatter (to="varying") or this member's slice (invariant).
@@ -939,13 +980,23 @@ def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
 
 def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
           mesh: RealizedMesh | None = None, async_op: bool = False) -> torch.Tensor | Pending:
-    """JAX's ``pcast``: change how ``x`` is typed over ``axis``; ``to="varying"`` is :func:`pvary`.
+    """JAX's ``pcast``: change how ``x`` is typed over ``axis``; no communication.
+
+    ``to="varying"`` is :func:`pvary`: an invariant value becomes varying (its backward sums the
+    cotangent over ``axis``). ``to="unreduced"``: a value varying over ``axis`` becomes a *pending
+    sum* over it (JAX's ``unreduced``, DTensor's ``Partial("sum")``): each member's tensor is one
+    term, and the value meant is their sum. Linear ops keep a pending sum (add two of them, scale or
+    matmul one by an invariant weight, reshape, sum, ...; docs/shard_map.md has the table), and
+    :func:`psum` (invariant) or :func:`psum_scatter` (varying) ends it, once, however many ops
+    came between. Its forward and backward are the identity. Outside a typed region (no
+    types) both are the identity.
 
     Args:
-        x: this member's tensor, invariant over ``axis``.
+        x: this member's tensor: invariant over ``axis`` (``to="varying"``) or varying over it
+            (``to="unreduced"``).
         axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
             calls it ``axis_name``.
-        to: the target: ``"varying"`` (the only one supported).
+        to: the target: ``"varying"`` or ``"unreduced"``.
         mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
             ``with rm:``.
         async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
@@ -960,7 +1011,10 @@ def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
             outside the mesh.
         TypeError: ``x`` is not a tensor, or ``mesh`` is a pure ``Mesh``.
         UnknownAxisError: a name that is not an axis of the mesh.
-        VmaError: in a typed region, ``x`` already varies over one of the axes.
+        VmaError: in a typed region: ``to="varying"`` of a value that already varies over one
+            of the axes (or is unreduced over it); ``to="unreduced"`` of a value invariant over
+            one of the axes (its members' sum would be ``n`` times it; JAX refuses it too) or
+            already unreduced over it.
 
     Examples:
         Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
@@ -968,11 +1022,21 @@ def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
 
         >>> import torch, torch.distributed as dist
         >>> import functional_mesh as fm
+        >>> from functional_mesh import P
         >>> from torch.testing._internal.distributed.fake_pg import FakeStore
         >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
         >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> fm.pcast(torch.ones(3), ("dp", "tp"), to="varying", mesh=rm).shape
         torch.Size([3])
+        >>> def row_parallel(x, w):  # x: (4, 8/tp), w: (8/tp, 6): each member's product is one term
+        ...     y = fm.pcast(x @ w, "tp", to="unreduced")
+        ...     z = 2 * y.reshape(2, 12)  # still a pending sum: nothing communicated yet
+        ...     print(fm.typeof(z))
+        ...     return fm.psum_scatter(z, "tp", dim=1)  # the sum, this member's block of it
+        >>> f = fm.shard_map(row_parallel, mesh=rm, in_specs=(P(None, "tp"), P("tp")), out_specs=P(None, "tp"))
+        >>> f(torch.ones(4, 8), torch.ones(8, 6)).shape
+        AxisTypes(varying=frozenset(), unreduced=frozenset({'tp'}))
+        torch.Size([2, 12])
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return _dispatch(PCAST, pcast, x, axis, mesh, {"to": to, "async_op": async_op})
@@ -1337,18 +1401,19 @@ def axis_size(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) ->
     return _dispatch(AXIS_SIZE, axis_size, None, axis, mesh, {})
 
 
-PSUM = _register(psum, Collective("psum", True, _psum, _psum_rule, untyped=_psum_untyped))
-PMEAN = _register(pmean, Collective("pmean", True, _pmean, _psum_rule, untyped=_pmean_untyped))
+PSUM = _register(psum, Collective("psum", True, _psum, _psum_rule, untyped=_psum_untyped, unreduced=_psum_unreduced))
+PMEAN = _register(pmean, Collective("pmean", True, _pmean, _psum_rule, untyped=_pmean_untyped, unreduced=_psum_unreduced))
 PMAX = _register(pmax, Collective("pmax", True, partial(_extremum, "max"), _psum_rule,
                                   untyped=partial(_extremum_untyped, "max")))
 PMIN = _register(pmin, Collective("pmin", True, partial(_extremum, "min"), _psum_rule,
                                   untyped=partial(_extremum_untyped, "min")))
-PVARY = _register(pvary, Collective("pvary", True, _pvary, _pvary_rule, untyped=_identity))
-PCAST = _register(pcast, Collective("pcast", True, _pvary, _pvary_rule, _pcast_params, untyped=_identity))
+PVARY = _register(pvary, Collective("pvary", True, _pvary, _pvary_rule, untyped=_identity, unreduced=_pvary_unreduced))
+PCAST = _register(pcast, Collective("pcast", True, _pcast, _pcast_rule, _pcast_params, untyped=_identity,
+                                    unreduced=_pcast_unreduced))
 ALL_GATHER = _register(all_gather, Collective("all_gather", True, _all_gather, _gather_rule, _gather_params,
                                               describe=_describe_gather))
 PSUM_SCATTER = _register(psum_scatter, Collective("psum_scatter", True, _psum_scatter, _psum_scatter_rule, _tiled,
-                                                  describe=_describe_scatter))
+                                                  describe=_describe_scatter, unreduced=_scatter_unreduced))
 ALL_TO_ALL = _register(all_to_all, Collective("all_to_all", True, _all_to_all, _spread_rule, _tiled,
                                               describe=_describe_exchange))
 RAGGED_ALL_TO_ALL = _register(ragged_all_to_all, Collective("ragged_all_to_all", True, _ragged, _spread_rule,

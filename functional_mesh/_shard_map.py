@@ -48,7 +48,7 @@ from ._handle import RealizedMesh, recall, remember, resolve_mesh, selected_from
 from ._interop import sharding_of
 from ._layout import row_major_strides
 from ._mesh import axes_size
-from ._op_rules import is_random, op_kind, written_operand
+from ._op_rules import BIAS, is_random, op_kind, written_operand
 from ._pending import Pending
 from ._sharding import NamedSharding, PartitionSpec
 
@@ -81,12 +81,15 @@ _CAST = "_functional_mesh_cast"  # the attribute that holds a tensor's implicit 
 
 
 class _Tag:
-    """A tensor's type in one eager region: valid only while ``region`` is the region that set it."""
+    """A tensor's type in one eager region: valid only while ``region`` is the region that set it.
 
-    __slots__ = ("region", "axes")
+    ``axes``: the axes it varies over; ``unreduced``: those it is a pending sum over (most often none).
+    """
 
-    def __init__(self, region: _Region, axes: frozenset[str]) -> None:
-        self.region, self.axes = region, axes
+    __slots__ = ("region", "axes", "unreduced")
+
+    def __init__(self, region: _Region, axes: frozenset[str], unreduced: frozenset[str] = _NOTHING) -> None:
+        self.region, self.axes, self.unreduced = region, axes, unreduced
 
 
 class _Casts:
@@ -113,7 +116,7 @@ class _Region:
     """
 
     __slots__ = ("rm", "check_vma", "axes", "traced", "trace", "types", "tags", "sources", "random", "entered",
-                 "casts", "waiting")
+                 "casts", "unreduced", "waiting")
 
     def __init__(self, rm: RealizedMesh, check_vma: bool) -> None:
         self.rm = rm
@@ -122,6 +125,9 @@ class _Region:
         self.traced = torch.compiler.is_compiling()
         self.trace = _trace_id() if self.traced else 0  # the trace the types belong to
         self.types: dict[Any, frozenset[str]] = {}  # under torch.compile: traced tensor -> axes
+        # whether a value of the region is a pending sum (unreduced over some axes): until one is, no op
+        # asks; under torch.compile, traced tensor -> its unreduced axes
+        self.unreduced: dict[Any, frozenset[str]] | None = None
         self.tags: dict[frozenset[str], _Tag] = {}  # eagerly: one tag per type
         # results of collectives -> (api, axes, params), made on the first one: an out_specs error
         # says what made a result
@@ -134,7 +140,6 @@ class _Region:
         # cast must not keep a tensor alive), whose attributes go at exit
         self.casts: Any = {} if self.traced else []
 
-
     def type_of(self, t: torch.Tensor) -> frozenset[str]:
         """The axes ``t`` varies over; a tensor the region never saw (created outside) is invariant."""
         if self.traced:
@@ -142,9 +147,21 @@ class _Region:
         tag = getattr(t, _TAG, None)
         return tag.axes if tag is not None and tag.region is self else _NOTHING
 
-    def record(self, out: Any, axes: frozenset[str]) -> None:
+    def unreduced_of(self, t: torch.Tensor) -> frozenset[str]:
+        """The axes ``t`` is a pending sum over (none for a tensor the region never saw)."""
+        if self.unreduced is None:
+            return _NOTHING
+        if self.traced:
+            return self.unreduced.get(t, _NOTHING)
+        tag = getattr(t, _TAG, None)
+        return tag.unreduced if tag is not None and tag.region is self else _NOTHING
+
+    def record(self, out: Any, axes: frozenset[str], unreduced: frozenset[str] = _NOTHING) -> None:
         if out.__class__ is Pending:  # async_op=True: its tensor takes this type when waited for
-            out.when_waited(self.record, axes)
+            out.when_waited(self.record, axes, unreduced)
+            return
+        if unreduced or (self.unreduced is not None and self.traced):
+            self._record_unreduced(out, axes, unreduced)
             return
         if isinstance(out, torch.Tensor):
             if self.traced:
@@ -158,6 +175,27 @@ class _Region:
         if isinstance(out, (tuple, list)):
             for o in out:
                 self.record(o, axes)
+
+    def _record_unreduced(self, out: Any, axes: frozenset[str], unreduced: frozenset[str]) -> None:
+        if self.unreduced is None:
+            self.unreduced = {}
+        if isinstance(out, torch.Tensor):
+            if self.traced:
+                if axes:
+                    self.types[out] = axes
+                if unreduced:
+                    self.unreduced[out] = unreduced
+                else:
+                    self.unreduced.pop(out, None)
+                return
+            key = (axes, unreduced)
+            tag = self.unreduced.get(key)  # eagerly: one tag per (varying, unreduced) type
+            if tag is None:
+                tag = self.unreduced[key] = _Tag(self, axes, unreduced)
+            out.__dict__[_TAG] = tag
+        elif isinstance(out, (tuple, list)):
+            for o in out:
+                self._record_unreduced(o, axes, unreduced)
 
     def issued(self, pending: Pending) -> None:
         """A collective issued in the region with ``async_op=True``: the exit checks it was waited for."""
@@ -214,7 +252,7 @@ class _Region:
             if hit is not None and hit[0] == version:
                 return hit[1]
         y = _pvary(self.rm, x, tuple(sorted(axes)))
-        self.record(y, self.type_of(x) | axes)
+        self.record(y, self.type_of(x) | axes, self.unreduced_of(x))
         if self.traced:
             self.casts.setdefault(x, {})[axes] = (version, y)
         else:
@@ -256,13 +294,19 @@ class _Region:
         if not self.check_vma:
             out = (rec.untyped or rec.run)(call)
             return out if rec.region_dtype is None else torch.tensor(out, dtype=rec.region_dtype)
-        rule = rec.rule(api, self.type_of(x) if rec.operand else _NOTHING, frozenset(call.names), call.params)
+        pending = self.unreduced_of(x) if rec.operand else _NOTHING
+        if pending:  # a pending sum: the record's own rule for one, or an error (reduce first)
+            if rec.unreduced is None:
+                raise _vma.unreduced_collective_error(api, pending, frozenset(call.names))
+            rule = rec.unreduced(api, self.type_of(x), pending, frozenset(call.names), call.params)
+        else:
+            rule = rec.rule(api, self.type_of(x) if rec.operand else _NOTHING, frozenset(call.names), call.params)
         if rec.operand and rule.casts[0]:
             call = call._replace(x=self.cast(x, rule.casts[0]))
         out = rec.run(call)
         if rec.region_dtype is not None:
             out = torch.tensor(out, dtype=rec.region_dtype)
-        self.record(out, rule.result)
+        self.record(out, rule.result, rule.unreduced)
         if isinstance(out, torch.Tensor):
             if self.sources is None:
                 self.sources = {} if self.traced else WeakTensorKeyDictionary()
@@ -321,18 +365,35 @@ class _TypedMode(TorchFunctionMode):
     def __init__(self, region: _Region) -> None:
         super().__init__()
         self.region = region
+        self.plain: dict[Any, bool] = {}  # eagerly: function -> whether the default rule types it (one lookup)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kind = op_kind(func)  # a constant of the trace under torch.compile
-        if kind.role == "pass":  # metadata and queries: x.shape, x.size(), x.item(), ...
-            return func(*args, **kwargs) if kwargs else func(*args)
         region = self.region
-        if kind.role == "op" and not kind.random and not kind.writes_first and not region.traced:
-            same = _one_type(region, args, kwargs)
+        if not region.traced and region.unreduced is None:  # (a region with a pending sum takes the general path)
+            plain = self.plain.get(func)
+            if plain is None:
+                kind = op_kind(func)
+                plain = self.plain[func] = kind.role == "op" and not kind.random and not kind.writes_first
+        else:
+            plain = False
+        if plain:
+            if len(args) == 2 and not kwargs and isinstance(args[0], torch.Tensor) and isinstance(args[1], torch.Tensor):
+                a, b = args  # a binary op: its operands' types without a loop, a cast where they differ
+                ta, tb = getattr(a, _TAG, None), getattr(b, _TAG, None)
+                ta = ta.axes if ta is not None and ta.region is region else _NOTHING
+                tb = tb.axes if tb is not None and tb.region is region else _NOTHING
+                if ta is tb or ta == tb:
+                    same = ta
+                else:
+                    rule = _DEFAULT_RULES.get((ta, tb)) or _default_rule([ta, tb])
+                    ca, cb = rule.casts
+                    args, same = (region.cast(a, ca) if ca else a, region.cast(b, cb) if cb else b), rule.result
+            else:
+                same = _one_type(region, args, kwargs)
             if same is None:  # operands of several types, flat: each cast up to their join (or the general path)
                 joined = _joined(region, args, kwargs)
                 if joined is None:
-                    return self._typed(func, kind, args, kwargs or {})
+                    return self._typed(func, op_kind(func), args, kwargs or {})
                 args, kwargs, same = joined
             out = func(*args, **kwargs) if kwargs else func(*args)
             if same:
@@ -341,6 +402,9 @@ class _TypedMode(TorchFunctionMode):
                 else:
                     region.record(out, same)
             return out
+        kind = op_kind(func)  # a constant of the trace under torch.compile
+        if kind.role == "pass":  # metadata and queries: x.shape, x.size(), x.item(), ...
+            return func(*args, **kwargs) if kwargs else func(*args)
         return self._typed(func, kind, args, kwargs or {})
 
     def _typed(self, func: Any, kind: Any, args: tuple, kwargs: dict) -> Any:
@@ -366,6 +430,10 @@ class _TypedMode(TorchFunctionMode):
                                                                                     strict=True)],
                                 "a custom op's result need not follow its inputs' types; run this region "
                                 "with check_vma=False")
+        if region.unreduced is not None:
+            pending = [region.unreduced_of(flat[i]) for i in positions]
+            if any(pending):
+                return self._unreduced_op(func, kind, args, kwargs, flat, tree, positions, operands, pending)
         if kind.random and is_random(func, args, kwargs):
             region.random = True
             rule = _vma.random_rule(operands, region.axes)
@@ -383,6 +451,67 @@ class _TypedMode(TorchFunctionMode):
         out = func(*args, **kwargs)
         region.record(out, rule.result if written is None else region.type_of(written))
         return out
+
+
+    def _unreduced_op(self, func: Any, kind: Any, args: tuple, kwargs: dict, flat: list[Any], tree: Any,
+                 positions: list[int], operands: list[frozenset[str]], pending: list[frozenset[str]]) -> Any:
+        """An op with an operand unreduced over some axes (a pending sum): the linear ops keep it
+        (``_vma.unreduced_op_rule``), every other op is a ``VmaError``. An operand multiplied into the
+        pending sum gets a cast whose backward sums its gradient over the sum's axes."""
+        region = self.region
+        linear = kind.linear
+        values = _value_operands(linear, args, kwargs)
+        if linear == "div" and not (args and isinstance(args[0], torch.Tensor)):
+            linear = ""  # a number divided by a pending sum
+        roles = ["value" if linear == "factors" or any(flat[i] is v for v in values) else "other" for i in positions]
+        adds_number = linear == "add" and any(not isinstance(v, torch.Tensor) for v in values)
+        if linear == "factors" and func in BIAS:  # F.linear(x, w, b): a bias is added to every member's term
+            bias = args[BIAS[func]] if len(args) > BIAS[func] else kwargs.get("bias")
+            if bias is not None:
+                axes = tuple(sorted(frozenset().union(*pending)))
+                raise _vma.VmaError(
+                    f"`{kind.name}` with a bias cannot take a value unreduced over {axes}: every member would add "
+                    f"the bias to its term, so the sum would hold it once per member; call it without the bias, "
+                    f"then psum over {axes} and add the bias (or add it after a psum_scatter)")
+        rule = _vma.unreduced_op_rule(kind.name, linear, [(tuple(flat[i].shape), t, u) for i, t, u in
+                                                        zip(positions, operands, pending, strict=True)],
+                                    roles, adds_number)
+        written = written_operand(func, args, kwargs)
+        if written is not None:
+            _vma.check_write(kind.name, region.type_of(written), rule.result,
+                             [tuple(flat[i].shape) for i in positions])
+            if region.unreduced_of(written) != rule.unreduced:
+                raise _vma.VmaError(
+                    f"`{kind.name}` writes in place into a tensor unreduced over "
+                    f"{tuple(sorted(region.unreduced_of(written)))}, but the value it writes is unreduced over "
+                    f"{tuple(sorted(rule.unreduced))}; write `x = x * y` (out of place) instead")
+        changed = False
+        for k, i in enumerate(positions):
+            if flat[i] is written:
+                continue
+            if rule.casts[k]:
+                flat[i], changed = region.cast(flat[i], rule.casts[k]), True
+            if rule.sums and rule.sums[k]:  # its gradient is one term of the pending sum: sum it
+                flat[i], changed = _pvary(region.rm, flat[i], tuple(sorted(rule.sums[k]))), True
+        if changed:
+            args, kwargs = _torch.pytree.tree_unflatten(flat, tree) if tree is not None else (tuple(flat), kwargs)
+        out = func(*args, **kwargs)
+        if written is None:
+            region.record(out, rule.result, rule.unreduced)
+        return out
+
+
+def _value_operands(linear: str, args: tuple, kwargs: dict) -> list[Any]:
+    """The arguments a linear op adds, multiplies or keeps (see ``_vma.LINEAR_KINDS``); its other
+    tensor arguments are indices, shapes or masks."""
+    if linear in ("add", "mul", "div"):
+        second = args[1] if len(args) > 1 else kwargs.get("other")
+        return [args[0], second] if args else []
+    if linear == "cat":
+        return list(args[0]) if args and isinstance(args[0], (list, tuple)) else list(kwargs.get("tensors", ()))
+    if linear == "unary":
+        return args[:1]
+    return [a for a in args if isinstance(a, torch.Tensor)]  # factors: every tensor
 
 
 def _one_type(region: _Region, args: tuple, kwargs: dict | None) -> frozenset[str] | None:
@@ -517,7 +646,7 @@ def typeof(t: torch.Tensor) -> _vma.AxisTypes:
     if region is None or not region.check_vma:
         raise MeshError("`typeof` requires an enclosing shard_map region with check_vma=True, but got "
                         + ("a region with check_vma=False" if region is not None else "none"))
-    return _vma.AxisTypes(region.type_of(t))
+    return _vma.AxisTypes(region.type_of(t), region.unreduced_of(t))
 
 
 def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_specs: Any,
@@ -734,13 +863,15 @@ class _Plan:
     and placements, the axes it names, the size each dim is split into and how a full argument
     enters (its gathers) or an untyped one sums its cotangent (its unnamed axes)."""
 
-    __slots__ = ("sharding", "placements", "axes", "rank", "sizes", "gathers", "unnamed", "spec")
+    __slots__ = ("sharding", "placements", "axes", "unreduced", "rank", "sizes", "gathers", "unnamed", "spec")
 
     def __init__(self, rm: RealizedMesh, spec: PartitionSpec, check_vma: bool) -> None:
         self.sharding = NamedSharding(rm.mesh, spec)
         self.placements = self.sharding.placements
         self.axes = _spec_axes(spec)
-        self.unnamed = () if check_vma else tuple(a for a in rm.mesh.axis_names if a not in self.axes)
+        self.unreduced = spec.unreduced  # a pending sum over these axes (DTensor's Partial("sum"))
+        self.unnamed = () if check_vma else tuple(a for a in rm.mesh.axis_names
+                                                  if a not in self.axes and a not in self.unreduced)
         self.rank = len(spec)
         self.spec = str(spec)  # for messages (torch.compile cannot format a PartitionSpec while tracing)
         self.sizes = tuple(axes_size(rm, spec.axes_of(d)) for d in range(len(spec.entries)))
@@ -752,7 +883,7 @@ _PLANS: dict[tuple[Any, tuple[Any, ...], bool], _Plan] = {}  # (mesh value, spec
 
 @torch.compiler.assume_constant_result
 def _plan_of(rm: RealizedMesh, entries: tuple[Any, ...], check_vma: bool) -> _Plan:
-    """The plan of the spec ``PartitionSpec(*entries)`` on ``rm``'s mesh, made once per mesh value.
+    """The plan of the spec ``PartitionSpec.from_key(entries)`` on ``rm``'s mesh, made once per mesh value.
 
     Under torch.compile this runs (in Python) while tracing and its result is a constant of the
     trace; it also makes sure ``rm.device_mesh`` exists then, which a compiled program cannot
@@ -763,17 +894,17 @@ def _plan_of(rm: RealizedMesh, entries: tuple[Any, ...], check_vma: bool) -> _Pl
     key = (rm.mesh, entries, check_vma)  # the mesh value: equal meshes (a selection made again) share plans
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS[key] = _Plan(rm, PartitionSpec(*entries), check_vma)
+        plan = _PLANS[key] = _Plan(rm, PartitionSpec.from_key(entries), check_vma)
     return plan
 
 
 def _plan(region: _Region, spec: PartitionSpec) -> _Plan:
     if region.traced:
-        return _plan_of(region.rm, tuple(spec), region.check_vma)
+        return _plan_of(region.rm, spec.key, region.check_vma)
     # eagerly: the handle keeps its plans (one dict lookup per leaf and call), keyed by the spec's entries as
     # written (what its equality compares), not by the spec: dynamo (torch 2.11/2.12) hashes every key of the
     # handle's memo when a compiled collective looks an axis up there, and cannot hash a PartitionSpec
-    entries = tuple(spec)
+    entries = spec.key
     key = (_Plan, entries, region.check_vma)
     plan = recall(region.rm, key)
     if plan is None:
@@ -790,8 +921,8 @@ def _enter_all(region: _Region, args: tuple, in_specs: Any) -> list[Any]:
             plan = _plan(region, spec)
             _check_shape(rm, path, leaf.shape, spec, plan)
             leaf = _enter(region, path, leaf, plan)
-            if region.check_vma and plan.axes:
-                region.record(leaf, plan.axes)
+            if region.check_vma and (plan.axes or plan.unreduced):
+                region.record(leaf, plan.axes, plan.unreduced)
                 region.entered.append(leaf)
         leaves.append(leaf)
     return list(_rebuild(leaves, tree if tree is not None else ()))
@@ -810,6 +941,12 @@ def _enter(region: _Region, path: Any, value: torch.Tensor, plan: _Plan) -> torc
         # its autograd node (~10 us per argument); under torch.compile, to_local as it is
         local = value.to_local() if region.traced or (value.requires_grad and torch.is_grad_enabled()) \
             else _torch.local_tensor(value)
+    elif plan.unreduced:
+        raise MeshError(
+            f"`shard_map` requires a DTensor with Partial('sum') placements for an in_spec with unreduced axes, but "
+            f"{_path(path)} is a plain tensor and its spec is {plan.spec} (a full value is no pending sum); pass "
+            f"a DTensor (fm.sharding_of says P(..., unreduced=...) of one), or drop unreduced= from the spec",
+            mesh=rm.mesh)
     elif not plan.gathers:
         local = value  # replicated: the full value is the local one, and its gradient is already full
     else:  # no communication; backward gathers the full gradient
@@ -844,14 +981,24 @@ def _exit_all(region: _Region, out: Any, out_specs: Any) -> Any:
     plans = [_plan(region, spec) if isinstance(leaf, torch.Tensor) else None for _, leaf, spec in entries]
     if region.check_vma:
         region.check_trace("the region's results")
-        failures = []
+        failures, pending = [], []
         for (path, leaf, _), plan in zip(entries, plans, strict=True):
             if plan is not None:
                 varying, named = region.type_of(leaf), plan.axes
                 if varying - named:
-                    failures.append((_path(path), varying, named, plan.spec, _made_by(region, leaf, varying - named)))
+                    fix = _made_by(region, leaf, varying - named)
+                    if varying & plan.unreduced and not (varying - named - plan.unreduced):
+                        axes = tuple(sorted(varying & plan.unreduced))
+                        fix = (f"its out_spec says it is a pending sum over {axes}: cast it with "
+                               f"fm.pcast(x, {axes if len(axes) > 1 else axes[0]!r}, to='unreduced')")
+                    failures.append((_path(path), varying, named, plan.spec, fix))
+                unreduced = region.unreduced_of(leaf)
+                if unreduced != plan.unreduced and (unreduced - plan.unreduced or plan.unreduced - unreduced - varying):
+                    pending.append((_path(path), varying, unreduced, plan.unreduced, plan.spec))
         if failures:
             raise _vma.out_specs_error(failures, rm.mesh.axis_names, region.random)
+        if pending:
+            raise _vma.unreduced_out_specs_error(pending)
     leaves = []
     for (path, leaf, spec), plan in zip(entries, plans, strict=True):
         if plan is not None:

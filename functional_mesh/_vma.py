@@ -231,7 +231,7 @@ def _fix(axes: frozenset[str]) -> str:
 def _described(operands: Sequence[tuple[object, frozenset[str], frozenset[str]]]) -> str:
     parts = []
     for shape, varying, unreduced in operands:
-        t = " ".join(([f"V:{','.join(sorted(varying))}"] if varying or not unreduced else [])
+        t = " ".join(([f"V:{','.join(sorted(varying))}"] if varying else [])
                      + ([f"U:{','.join(sorted(unreduced))}"] if unreduced else []))
         parts.append(f"{list(shape)}{{{t}}}")  # type: ignore[call-overload]
     return ", ".join(parts) or "none"
@@ -266,11 +266,17 @@ def unreduced_op_rule(op: str, kind: str, operands: Sequence[tuple[object, froze
                            f"to its term, so the sum would hold it once per member (implicit communication); "
                            f"{_fix(pending)}, then add it; {where}")
         mismatch = [u for _, _, u in values if u != pending]
-        if mismatch:
-            raise VmaError(f"`{op}` combines a value unreduced over {axes_text} with one that is not (its terms would "
-                           f"be added once per member: implicit communication); make every operand unreduced over "
+        if mismatch and not all(u for _, _, u in values):
+            raise VmaError(f"`{op}` combines a value unreduced over {axes_text} with one that is not (every member "
+                           f"would add it to its term: implicit communication); make every operand unreduced over "
                            f"the same axes (fm.pcast(y, axis, to='unreduced') of a varying y), or {_fix(pending)}; "
                            f"{where}")
+        if mismatch:
+            given = " and ".join(sorted({str(tuple(sorted(u))) for _, _, u in values}))
+            raise VmaError(f"`{op}` adds values unreduced over different axes ({given}): a term would be added "
+                           f"once per member of an axis it is not pending over (implicit communication); make "
+                           f"every operand unreduced over the same axes {axes_text} (fm.pcast(y, axis, "
+                           f"to='unreduced') of a varying y), or {_fix(pending)}; {where}")
         result = _default_over([v for _, v, _ in operands])
         return Rule(_casts([v for _, v, _ in operands], result), result, pending)
     # the products: exactly one pending factor, the others invariant over its axes
@@ -306,19 +312,33 @@ def unreduced_collective_error(api: str, unreduced: frozenset[str], axes: frozen
                     f"first: {_fix(unreduced)}")
 
 
+def _check_one_state(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> None:
+    """A reduction over several axes needs them all in one state: all unreduced, all varying, or all
+    invariant (JAX 0.10: one of varying, unreduced, reduced or invariant)."""
+    pending, other = axes & unreduced, axes - unreduced
+    if pending and other:
+        raise VmaError(
+            f"`{api}` over {tuple(sorted(axes))} requires a value in one state over all of these axes (all "
+            f"unreduced, all varying or all invariant), but got one unreduced over {sorted(pending)} and not over "
+            f"{sorted(other)} (its varying axes: {set_repr(varying)}); reduce over {tuple(sorted(pending))} first, "
+            f"then over {tuple(sorted(other))}")
+    _check_not_mixed(api, varying | pending, axes)
+
+
 def unreduced_psum_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
     """``psum``/``pmean`` of a value unreduced over some axes: invariant over ``axes``, which ends the
-    pending sum over them (the others stay pending). Over a tuple, the axes must each be varying or
-    unreduced, or all invariant (as :func:`psum_rule`)."""
+    pending sum over them (the others stay pending). Over a tuple, the axes must be in one state:
+    all unreduced, all varying or all invariant (JAX refuses a mix too)."""
+    _check_one_state(api, varying, unreduced, axes)
     reduced = varying | (unreduced & axes)
-    _check_not_mixed(api, reduced, axes)
     return Rule((axes - reduced,), varying - axes, unreduced - axes)
 
 
 def unreduced_scatter_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
-    """``psum_scatter`` of a pending sum: each member's block of the sum, varying over ``axes``."""
+    """``psum_scatter`` of a pending sum: each member's block of the sum, varying over ``axes`` (one
+    state over a tuple, as :func:`unreduced_psum_rule`)."""
+    _check_one_state(api, varying, unreduced, axes)
     reduced = varying | (unreduced & axes)
-    _check_not_mixed(api, reduced, axes)
     return Rule((axes - reduced,), varying | axes, unreduced - axes)
 
 
@@ -343,9 +363,8 @@ def unreduced_cast_rule(api: str, varying: frozenset[str], unreduced: frozenset[
     invariant = axes - varying
     if invariant:
         raise VmaError(f"`{api}` requires a value varying over the axes it casts to unreduced, but got one invariant "
-                       f"over {sorted(invariant)} (its varying axes: {set_repr(varying)}): every member holds the "
-                       f"whole value, so the sum of the members' would be {'/'.join(sorted(invariant))}-size times "
-                       f"it; cast it to varying first (fm.pcast(x, {tuple(sorted(invariant))!r}, to='varying')) "
+                       f"over {sorted(invariant)}: every member holds the whole value, so the sum of the members' "
+                       f"would be n times it (n: the size of {tuple(sorted(invariant))}); cast it to varying first (fm.pcast(x, {tuple(sorted(invariant))!r}, to='varying')) "
                        f"if that sum is meant, or divide by fm.axis_size first")
     return Rule((frozenset(),), varying - axes, unreduced | axes)
 

@@ -107,7 +107,9 @@ def test_pcast_psum_psum_scatter_and_linear_ops_type_as_the_table_says(rm):
         seen["cat"] = types(torch.cat([u, u], 0))
         seen["psum over dp keeps tp pending"] = types(fm.psum(u, "dp"))
         seen["pvary over another axis"] = types(fm.pcast(fm.psum(u, "dp"), "dp", to="varying"))
-        return fm.psum(u.sum(), ("dp", "tp"))
+        with pytest.raises(fm.VmaError, match=r"`psum` over \('dp', 'tp'\) requires a value in one state over all"):
+            fm.psum(u.sum(), ("dp", "tp"))  # unreduced over tp, varying over dp: JAX refuses the mix too
+        return fm.psum(fm.psum(u.sum(), "tp"), "dp")
 
     x = torch.ones(4, 8)
     run(rm, body, x, torch.ones(4, 4), torch.ones(4), in_specs=(P("dp", "tp"), P(), P()))

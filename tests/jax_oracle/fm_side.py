@@ -612,12 +612,6 @@ def ur_psum_mixed_tuple(x):
     return fm.psum(_pend(x), ("dp", "tp"))
 
 
-@ur_reference
-def one_process_ur_psum_mixed_tuple(x):
-    t = tp_sum(x)
-    return [t[:4] + t[4:]]  # summed over dp's members (varying) and tp's (pending) alike
-
-
 @ur_body
 def ur_out_replicated(x):
     return _pend(x)

@@ -444,9 +444,11 @@ UNREDUCED: list[UnreducedProgram] = [
        "an argument unreduced over 'tp' through -(u @ w), then psum_scatter along dim 0",
        in_unreduced=(("tp",), ()), jax_refuses=JAX_DOT_GENERAL, one_process=True),
     _u("ur_psum_mixed_tuple", X816, DPTP, [()],
-       "psum over ('dp','tp') of a value varying over 'dp' and unreduced over 'tp': both are sums, so we "
-       "allow it (JAX refuses a tuple that mixes types, as we do for varying with invariant)",
-       jax_refuses=r"can only accept axis_name which corresponds to", one_process=True),
+       "psum over ('dp','tp') of a value varying over 'dp' and unreduced over 'tp': a tuple in two states, "
+       "refused as JAX does (and as a tuple mixing varying with invariant)",
+       jax_refuses=r"can only accept axis_name which corresponds to", fails=VMA,
+       message=(r"`psum` over \('dp', 'tp'\) requires a value in one state", r"unreduced over \['tp'\] and not "
+                r"over \['dp'\]", r"reduce over \('tp',\) first")),
     # -- both refuse: ours is a VmaError --
     _u("ur_all_gather", X816, DPTP, [("dp", None)], "all_gather over 'tp' of a pending sum",
        jax_refuses=JAX_PVARY_UNREDUCED, fails=VMA, message=_ours("`all_gather`")),
