@@ -860,7 +860,7 @@ def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, or is complex, or ``mesh`` is a pure ``Mesh``.
+        TypeError: ``x`` is not a tensor, or is complex, ``async_op`` not a bool, or ``mesh`` a pure ``Mesh``.
         UnknownAxisError: a name that is not an axis of the mesh.
         MeshError: a name repeated, no mesh given or entered, or this rank outside the mesh.
         VmaError: in a typed region, an operand varying over some of the axes and not the others.
@@ -909,7 +909,7 @@ def pmin(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, or is complex, or ``mesh`` is a pure ``Mesh``.
+        TypeError: ``x`` is not a tensor, or is complex, ``async_op`` not a bool, or ``mesh`` a pure ``Mesh``.
         UnknownAxisError: a name that is not an axis of the mesh.
         MeshError: a name repeated, no mesh given or entered, or this rank outside the mesh.
         VmaError: in a typed region, an operand varying over some of the axes and not the others.
@@ -952,7 +952,7 @@ def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, or ``mesh`` is a pure ``Mesh``.
+        TypeError: ``x`` is not a tensor, ``async_op`` not a bool, or ``mesh`` a pure ``Mesh``.
         UnknownAxisError: a name that is not an axis of the mesh.
         MeshError: a name repeated, no mesh given or entered, or this rank outside the mesh.
         VmaError: in a typed region, ``x`` already varies over one of the axes.
@@ -1009,7 +1009,7 @@ def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
     Raises:
         MeshError: another target, a name repeated, no mesh given or entered, or this rank
             outside the mesh.
-        TypeError: ``x`` is not a tensor, or ``mesh`` is a pure ``Mesh``.
+        TypeError: ``x`` is not a tensor, ``async_op`` not a bool, or ``mesh`` a pure ``Mesh``.
         UnknownAxisError: a name that is not an axis of the mesh.
         VmaError: in a typed region: ``to="varying"`` of a value that already varies over one
             of the axes (or is unreduced over it); ``to="unreduced"`` of a value invariant over
@@ -1094,7 +1094,8 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, ``tiled`` not a bool, ``mesh`` a pure ``Mesh``, or the
+        TypeError: ``x`` is not a tensor, ``tiled`` not a bool, ``async_op`` not a bool, ``mesh`` a pure
+            ``Mesh``, or the
             JAX spelling ``all_gather(x, axis_name, axis=d)`` (ours: ``all_gather(x, axis, dim=d)``).
         MeshError: ``dim`` out of range, an unknown target, ``op_dtype`` not a dtype of ``x``'s
             kind, a name repeated, no mesh given or entered, or this rank outside the mesh.
@@ -1153,7 +1154,8 @@ def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, ti
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, ``tiled`` not a bool, or ``mesh`` a pure ``Mesh``.
+        TypeError: ``x`` is not a tensor, ``tiled`` not a bool, ``async_op`` not a bool, or ``mesh`` a pure
+            ``Mesh``.
         MeshError: ``dim`` out of range or not divisible, ``op_dtype`` not a dtype of ``x``'s kind,
             a name repeated, no mesh given or entered, or this rank outside the mesh.
         UnknownAxisError: a name that is not an axis of the mesh.
@@ -1208,7 +1210,8 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, ``tiled`` not a bool, or ``mesh`` a pure ``Mesh``.
+        TypeError: ``x`` is not a tensor, ``tiled`` not a bool, ``async_op`` not a bool, or ``mesh`` a pure
+            ``Mesh``.
         MeshError: a dim out of range, ``split_dim`` not divisible, a name repeated, no mesh given
             or entered, or this rank outside the mesh.
         UnknownAxisError: a name that is not an axis of the mesh.
@@ -1259,7 +1262,7 @@ def ragged_all_to_all(x: torch.Tensor, axis: str | Sequence[str], send_sizes: An
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, sizes not ints, or ``mesh`` a pure ``Mesh``.
+        TypeError: ``x`` is not a tensor, sizes not ints, ``async_op`` not a bool, or ``mesh`` a pure ``Mesh``.
         MeshError: sizes of the wrong length, negative or not summing to ``x``'s rows, tensor sizes
             or ``recv_sizes=None`` under torch.compile, a tuple without its product group, a name
             repeated, no mesh given or entered, or this rank outside the mesh.
@@ -1308,7 +1311,8 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, ``perm`` not pairs, or ``mesh`` a pure ``Mesh``.
+        TypeError: ``x`` is not a tensor, ``perm`` not pairs, ``async_op`` not a bool, or ``mesh`` a pure
+            ``Mesh``.
         MeshError: an index out of range or used twice, a tuple without its product group under
             torch.compile, a name repeated, no mesh given or entered, or this rank outside the mesh.
         UnknownAxisError: a name that is not an axis of the mesh.

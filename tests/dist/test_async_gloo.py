@@ -213,6 +213,39 @@ def test_a_pending_result_has_the_blocking_type_and_type_errors_come_at_issue(w4
         assert len(seen) == 14
 
 
+def untyped_region(products: bool) -> dict:
+    """check_vma=False (JAX's untyped conventions: psum's and pmax's cotangents summed first): values and
+    gradients of every collective in the region, issued and waited for, equal the blocking ones."""
+    rm = realize(products)
+    r = rm.rank
+    out = {}
+    for label, kwargs in (("blocking", {}), ("async", {"async_op": True})):
+        def body(v, kwargs=kwargs):
+            def done(y):
+                return y.wait() if isinstance(y, fm.Pending) else y
+
+            ys = [done(fm.psum(v, ("a", "b"), **kwargs)), done(fm.pmean(v, "a", **kwargs)),
+                  done(fm.pmax(v, "b", **kwargs)), done(fm.pvary(v, "a", **kwargs)),
+                  done(fm.all_gather(v, ("a", "b"), **kwargs)).sum(0, keepdim=True),
+                  done(fm.psum_scatter(v, "b", **kwargs)).repeat(2, 1),
+                  done(fm.all_to_all(v, "a", 0, 1, **kwargs))[:, :4],
+                  done(fm.ppermute(v, ("a", "b"), [(0, 2), (2, 0), (1, 3), (3, 1)], **kwargs))]
+            return sum(y[:1] * (i + 1) for i, y in enumerate(ys))
+
+        x = X(0, (4, 4)).requires_grad_(True)
+        y = fm.shard_map(body, mesh=rm, in_specs=P("a"), out_specs=P(), check_vma=False)(x)
+        (y.to_local() * G(r, tuple(y.to_local().shape))).sum().backward()
+        out[label] = (y.to_local().detach(), x.grad)
+    return {"values": torch.equal(out["async"][0], out["blocking"][0]),
+            "gradients": torch.equal(out["async"][1], out["blocking"][1])}
+
+
+@pytest.mark.parametrize("products", [True, False], ids=["products", "composed"])
+def test_an_untyped_region_gives_the_blocking_values_and_gradients(w4, products):
+    for rank, res in enumerate(w4.run(untyped_region, products)):
+        assert res == {"values": True, "gradients": True}, (rank, res)
+
+
 # -- not blocking: the issuer returns before its peers have issued ---------------------------------------
 
 
