@@ -32,6 +32,14 @@ step is the plain c10d call into a new buffer, and an autograd node is made only
 will flow back through communication; under ``torch.compile`` every step is torch's functional
 collective by group name inside one ``autograd.Function`` of constants, which traces whole.
 
+Issue now, wait later. ``_register`` wraps each record's functions (:func:`_issuable`): a call
+with ``op_dtype`` casts ``x`` once before and the result once after (autograd casts the
+cotangents alike); a call with ``async_op=True`` returns a :class:`~functional_mesh._pending.Pending`,
+which runs the function up to its first step that communicates (started, not waited for) and
+the rest at ``wait()`` (``_pending`` says how). Every step that communicates passes through
+the call's slot in :func:`_apply` (``Extremum``'s and point to point's in theirs); a call without
+either pays one more frame.
+
 Debug mode (off by default): with ``FUNCTIONAL_MESH_CHECK_COLLECTIVES=1`` in the environment (read
 at every call), each communication first compares, among the members of the group it is about to
 use, what every member asks for (operation, axes, parameters, mesh, tensor shape and dtype),
