@@ -223,3 +223,22 @@ def test_is_completed_under_compile_is_an_error_and_a_region_checks_there_too(rm
     region = fm.shard_map(unwaited, mesh=rm, in_specs=P("tp"), out_specs=P("tp"))
     with pytest.raises(fm.MeshError, match=r"but 1 was never waited for: psum over 'tp'"):
         torch.compile(region, fullgraph=True, backend="eager")(torch.ones(8))
+
+
+def test_pending_sums_are_typed_at_issue_too(rm):
+    seen = {}
+
+    def body(x, w):
+        y = fm.pcast(x @ w, "tp", to="unreduced", async_op=True).wait()
+        seen["pcast"] = fm.typeof(y)
+        seen["psum"] = (fm.typeof(fm.psum(y, "tp", async_op=True).wait()), fm.typeof(fm.psum(y, "tp")))
+        seen["psum_scatter"] = (fm.typeof(fm.psum_scatter(y, "tp", dim=1, async_op=True).wait()),
+                                fm.typeof(fm.psum_scatter(y, "tp", dim=1)))
+        with pytest.raises(fm.VmaError, match=r"`all_gather` over \('tp',\) requires a value that is not unreduced"):
+            fm.all_gather(y, "tp", async_op=True)  # refused when issued
+        return fm.psum(y, "tp")
+
+    fm.shard_map(body, mesh=rm, in_specs=(P(None, "tp"), P("tp")), out_specs=P())(torch.ones(4, 8), torch.ones(8, 8))
+    invariant, varying = fm.AxisTypes(varying=frozenset()), fm.AxisTypes(varying=frozenset({"tp"}))
+    assert seen == {"pcast": fm.AxisTypes(varying=frozenset(), unreduced=frozenset({"tp"})),
+                    "psum": (invariant, invariant), "psum_scatter": (varying, varying)}
