@@ -47,7 +47,7 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
 - ``torch.compile`` of a miniature region inside a trace (:func:`region_trace_failure`, the feature
   probe behind compiled regions) and ``torch._dynamo.utils.get_chromium_event_logger()``'s
   ``get_stack``/``get_pt2_compile_substack`` (feature-detected), whose events that nested compile
-  would otherwise end for the trace around it.
+  would otherwise end for the trace around it, and ``torch._dynamo.utils.counters``, put back after it.
 
 Creates no process group but two kinds, for ``_cache`` only (:func:`one_rank_group`,
 :func:`group_in_order`). The pure layers reach this module only lazily (``NamedSharding.placements``) so that planning a mesh needs no torch.
@@ -629,14 +629,20 @@ def region_trace_failure() -> str | None:
     tells these apart, and the release number is no feature; so the probe asks dynamo. Called
     while torch.compile traces (a compile inside a trace, which dynamo allows); it costs nothing
     at import or on an eager call, and the first compiled region pays one small compile, at most
-    a second or two (0.2-0.4 s measured on 2.11.0, 2.12.1 and 2.13.0).
+    a second or two (0.2-0.4 s measured on 2.11.0, 2.12.1 and 2.13.0). It leaves no trace in
+    what a program reads of dynamo: ``torch._dynamo.utils.counters`` (graphs, graph breaks) and
+    the event stacks of the trace around it are put back as they were.
     """
     if not _REGION_TRACE:
         global _PROBE_PLAN_OF
         if _PROBE_PLAN_OF is None:
             _PROBE_PLAN_OF = torch.compiler.assume_constant_result(_probe_plan_of)
+        from torch._dynamo import utils as dynamo_utils
+
         events = _compile_event_stacks()
         saved = [list(stack) for stack in events]
+        counters = getattr(dynamo_utils, "counters", None)  # what a program counts (graphs, breaks)
+        counted = {key: counter.copy() for key, counter in counters.items()} if counters is not None else None
         try:
             torch.compile(_probe_region, backend="eager", fullgraph=True, dynamic=False)(torch.zeros(()))
         except Exception as error:  # noqa: BLE001 - any failure to trace is the answer
@@ -647,6 +653,9 @@ def region_trace_failure() -> str | None:
         finally:
             for stack, before in zip(events, saved, strict=True):
                 stack[:] = before
+            if counted is not None:  # the probe's graph is no graph of the program's
+                counters.clear()
+                counters.update(counted)
     return _REGION_TRACE[0]
 
 
