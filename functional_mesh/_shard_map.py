@@ -30,6 +30,7 @@ tracing, and the compiled code holds the ops, casts and collectives only.
 
 from __future__ import annotations
 
+import copy
 import functools
 import weakref
 from collections.abc import Callable, Sequence
@@ -863,11 +864,13 @@ class _Plan:
     and placements, the axes it names, the size each dim is split into and how a full argument
     enters (its gathers) or an untyped one sums its cotangent (its unnamed axes)."""
 
-    __slots__ = ("sharding", "placements", "axes", "unreduced", "rank", "sizes", "gathers", "unnamed", "spec")
+    __slots__ = ("sharding", "placements", "axes", "unreduced", "rank", "sizes", "gathers", "unnamed", "spec",
+                 "specs")
 
     def __init__(self, rm: RealizedMesh, spec: PartitionSpec, check_vma: bool) -> None:
         self.sharding = NamedSharding(rm.mesh, spec)
         self.placements = self.sharding.placements
+        self.specs: dict[tuple[tuple[int, ...], torch.dtype], Any] = {}  # eagerly: a result's DTensor spec per shape
         self.axes = _spec_axes(spec)
         self.unreduced = spec.unreduced  # a pending sum over these axes (DTensor's Partial("sum"))
         self.unnamed = () if check_vma else tuple(a for a in rm.mesh.axis_names
@@ -938,9 +941,14 @@ def _enter(region: _Region, path: Any, value: torch.Tensor, plan: _Plan) -> torc
                 f"{_describe(value)} and its spec asks for {plan.sharding}; call fm.reshard(x, "
                 f"{plan.sharding!r}) first (communication is always explicit)", mesh=rm.mesh)
         # with no gradient to route, the local tensor itself: what to_local gives under no_grad, without
-        # its autograd node (~10 us per argument); under torch.compile, to_local as it is
-        local = value.to_local() if region.traced or (value.requires_grad and torch.is_grad_enabled()) \
-            else _torch.local_tensor(value)
+        # its autograd node (~10 us per argument); with one, eagerly, to_local's view with a cheaper backward
+        # (_Local); under torch.compile, or for a pending sum (whose gradient DTensor is Replicate), to_local
+        if not (value.requires_grad and torch.is_grad_enabled()):
+            local = value.to_local() if region.traced else _torch.local_tensor(value)
+        elif region.traced or plan.unreduced:
+            local = value.to_local()
+        else:
+            local = _Local.apply(value)
     elif plan.unreduced:
         raise MeshError(
             f"`shard_map` requires a DTensor with Partial('sum') placements for an in_spec with unreduced axes, but "
@@ -954,8 +962,53 @@ def _enter(region: _Region, path: Any, value: torch.Tensor, plan: _Plan) -> torc
         for dim, axes in plan.gathers:
             local = _local_block(rm, local, axes, dim)
     # untyped: psum the cotangent over the unnamed axes (JAX's convention; typed, the rules make it
-    # invariant there already)
-    return _pvary(rm, local, plan.unnamed) if plan.unnamed else local
+    # invariant there already); eagerly only where there will be a cotangent
+    if plan.unnamed and (region.traced or (local.requires_grad and torch.is_grad_enabled())):
+        return _pvary(rm, local, plan.unnamed)
+    return local
+
+
+class _Local(torch.autograd.Function):
+    """A DTensor argument's local tensor, eagerly, when it needs a gradient: ``to_local()``'s view, whose
+    backward makes the gradient DTensor with the argument's own spec (``to_local``'s backward derives
+    it anew with ``DTensor.from_local``: some 15 us per argument and step)."""
+
+    @staticmethod
+    def forward(ctx: Any, value: DTensor) -> torch.Tensor:
+        local = _torch.local_tensor(value)
+        ctx.spec, ctx.stride = _torch.dtensor_spec(value), local.stride()
+        ctx.set_materialize_grads(False)
+        return local.view_as(local)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor | None) -> DTensor | None:
+        if grad is None:
+            return None
+        spec = ctx.spec
+        if grad.stride() != ctx.stride or torch.is_grad_enabled():  # another layout, or a graph of the backward
+            return DTensor.from_local(grad, spec.mesh, spec.placements)
+        return _torch.wrap_local(grad, copy.copy(spec), False)  # a copy, as to_local's: no spec is shared
+
+
+class _Global(torch.autograd.Function):
+    """A result's DTensor, eagerly, when it needs a gradient: what ``DTensor.from_local`` makes (a view of the
+    local tensor), from a spec made once per shape; backward, the cotangent's local tensor in these placements
+    (``from_local``'s backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, spec: Any) -> DTensor:
+        ctx.spec = spec
+        ctx.set_materialize_grads(False)
+        return _torch.wrap_local(local.view_as(local), copy.copy(spec), local.requires_grad)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> tuple[Any, None]:
+        if not isinstance(grad, DTensor):
+            return grad, None
+        spec = ctx.spec
+        if tuple(grad.placements) != spec.placements:
+            grad = grad.redistribute(spec.mesh, spec.placements)
+        return (grad.to_local() if torch.is_grad_enabled() else _torch.local_tensor(grad)), None
 
 
 def _local_block(rm: RealizedMesh, x: torch.Tensor, axes: tuple[str, ...], dim: int) -> torch.Tensor:
@@ -1032,5 +1085,17 @@ def _exit(region: _Region, local: torch.Tensor, plan: _Plan) -> DTensor:
         local = _Scale.apply(local, 1.0 / axes_size(rm, plan.unnamed))
     # the global shape: each dim's local size times the size of its axes; contiguous strides
     shape = [n * plan.sizes[d] if d < len(plan.sizes) else n for d, n in enumerate(local.shape)]
-    return DTensor.from_local(local, rm.device_mesh, plan.placements, run_check=False, shape=torch.Size(shape),
-                              stride=row_major_strides(shape))
+    if region.traced or plan.unreduced:  # (a pending sum's gradient is Replicate: from_local's own backward)
+        return DTensor.from_local(local, rm.device_mesh, plan.placements, run_check=False, shape=torch.Size(shape),
+                                  stride=row_major_strides(shape))
+    # eagerly, from_local's result without re-deriving its spec: one spec per shape and dtype, copied
+    key = (tuple(shape), local.dtype)
+    spec = plan.specs.get(key)
+    if spec is None or spec.mesh is not rm.device_mesh:  # (equal meshes share plans, not their DeviceMesh)
+        if len(plan.specs) >= 64:
+            plan.specs.clear()
+        spec = plan.specs[key] = _torch.spec_of(rm.device_mesh, plan.placements, shape, row_major_strides(shape),
+                                                local.dtype)
+    if local.requires_grad and torch.is_grad_enabled():
+        return _Global.apply(local, spec)
+    return _torch.wrap_local(local.view_as(local), copy.copy(spec), False)

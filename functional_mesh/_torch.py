@@ -28,6 +28,9 @@ the layout of an existing ``DeviceMesh``. The private torch names used here, che
 - ``torch.utils._pytree`` (re-exported here as ``pytree``) for argument trees;
 - ``torch._guards.TracingContext.try_get()``, to tell one trace from the next (:func:`trace_id`);
 - ``DTensor._local_tensor`` (:func:`local_tensor`), a region's argument that needs no gradient;
+  ``DTensor._spec``, ``DTensorSpec(mesh, placements, tensor_meta=TensorMeta(shape, stride, dtype))``
+  and ``DTensor(local, spec, requires_grad=)`` (:func:`dtensor_spec`, :func:`spec_of`,
+  :func:`wrap_local`: what ``to_local``'s backward and ``from_local`` build, without re-deriving the spec);
 - ``distributed_c10d._world.pg_map`` (:func:`known_groups`), so ``clear_cache`` skips groups torch destroyed;
 - ``ProcessGroup.allreduce(tensors, AllreduceOptions)``, ``alltoall_base``, ``_allgather_base``
   and ``_reduce_scatter_base(out, x, ReduceScatterOptions)`` eagerly (what ``dist.all_reduce``,
@@ -432,6 +435,27 @@ def local_tensor(dtensor: Any) -> torch.Tensor:
     """A DTensor's local tensor as it is (``DTensor._local_tensor``, private: what ``to_local`` returns under
     ``no_grad``), for an argument that needs no gradient."""
     return dtensor._local_tensor
+
+
+def dtensor_spec(dtensor: Any) -> Any:
+    """A DTensor's spec as it is (``DTensor._spec``, private): its mesh, placements and global meta."""
+    return dtensor._spec
+
+
+def spec_of(mesh: DeviceMesh, placements: tuple[Any, ...], shape: Sequence[int], stride: Sequence[int],
+            dtype: torch.dtype) -> Any:
+    """The spec of a DTensor of global ``shape`` and ``stride`` (``DTensorSpec`` and ``TensorMeta``, private)."""
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
+
+    return DTensorSpec(mesh, tuple(placements), tensor_meta=TensorMeta(torch.Size(shape), tuple(stride), dtype))
+
+
+def wrap_local(local: torch.Tensor, spec: Any, requires_grad: bool) -> Any:
+    """A DTensor of the local tensor ``local`` with ``spec``: DTensor's constructor, which ``from_local``
+    ends with; no autograd edge to ``local`` and no check (the caller's spec is right by construction)."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor(local, spec, requires_grad=requires_grad)
 
 
 def trace_id() -> int:
