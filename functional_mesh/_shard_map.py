@@ -136,7 +136,7 @@ class _Region:
         self.random = False  # whether a random op ran (the out_specs error then says why values vary)
         self.entered: list[torch.Tensor] = []  # tensors typed at the boundary (their tags go at exit)
         self.waiting: list[Pending] = []  # results issued here with async_op=True: waited for by the exit?
-        # the implicit casts made (cast): under torch.compile traced tensor -> {axes: (version, cast)}; eagerly
+        # the implicit casts made (cast): under torch.compile traced tensor -> {axes: cast}; eagerly
         # they are an attribute of the tensor (a _Casts) and this lists the tensors that hold one (weakly: a
         # cast must not keep a tensor alive), whose attributes go at exit
         self.casts: Any = {} if self.traced else []
@@ -236,33 +236,39 @@ class _Region:
     def cast(self, x: torch.Tensor, axes: frozenset[str]) -> torch.Tensor:
         """The implicit ``pvary``: identity forward, ``psum`` over ``axes`` backward.
 
-        Made once per tensor and axes while the tensor is unchanged (its ``_version``; its type too,
-        eagerly), and reused: an invariant weight used k times in a region is cast once, so the
-        cotangents of its k uses add up before the one ``psum`` of its backward, not after k of them.
+        Made once per tensor and axes while the tensor is unchanged, and reused: an invariant weight
+        used k times in a region is cast once, so the cotangents of its k uses add up before the one
+        ``psum`` of its backward, not after k of them. Eagerly "unchanged" is the tensor's
+        ``_version`` (which every alias's in-place write moves) and its type; under torch.compile,
+        where a graph input's ``_version`` is a symbol no guard can compare, any in-place write the
+        region sees retires every cast (:meth:`_TypedMode._typed`).
         """
-        version = x._version
         if self.traced:
             held = self.casts.get(x)
-        else:
-            tag = getattr(x, _TAG, None)
-            held = getattr(x, _CAST, None)
-            if held is not None and (held.region is not self or held.tag is not tag):
-                held = None  # another region's, or made when the tensor had another type
+            hit = None if held is None else held.get(axes)
+            if hit is not None:
+                return hit
+            y = _pvary(self.rm, x, tuple(sorted(axes)))
+            self.record(y, self.type_of(x) | axes, self.unreduced_of(x))
+            self.casts.setdefault(x, {})[axes] = y
+            return y
+        version = x._version
+        tag = getattr(x, _TAG, None)
+        held = getattr(x, _CAST, None)
+        if held is not None and (held.region is not self or held.tag is not tag):
+            held = None  # another region's, or made when the tensor had another type
         if held is not None:
-            hit = held.get(axes) if self.traced else held.by_axes.get(axes)
+            hit = held.by_axes.get(axes)
             if hit is not None and hit[0] == version:
                 return hit[1]
         y = _pvary(self.rm, x, tuple(sorted(axes)))
         self.record(y, self.type_of(x) | axes, self.unreduced_of(x))
-        if self.traced:
-            self.casts.setdefault(x, {})[axes] = (version, y)
-        else:
-            if held is None:
-                old = getattr(x, _CAST, None)
-                if old is None or old.region is not self:
-                    self.casts.append(weakref.ref(x))
-                held = x.__dict__[_CAST] = _Casts(self, tag)
-            held.by_axes[axes] = (version, y)
+        if held is None:
+            old = getattr(x, _CAST, None)
+            if old is None or old.region is not self:
+                self.casts.append(weakref.ref(x))
+            held = x.__dict__[_CAST] = _Casts(self, tag)
+        held.by_axes[axes] = (version, y)
         return y
 
     def forget_casts(self) -> None:
@@ -411,6 +417,8 @@ class _TypedMode(TorchFunctionMode):
     def _typed(self, func: Any, kind: Any, args: tuple, kwargs: dict) -> Any:
         region = self.region
         region.check_trace(kind.name)
+        if region.traced and region.casts and written_operand(func, args, kwargs) is not None:
+            region.casts.clear()  # a write, maybe into an alias of a cast tensor: cast anew (see _Region.cast)
         if kind.role == "pass":
             return func(*args, **kwargs)
         if kind.role == "collective":

@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import functional_mesh as fm
 from functional_mesh import P
+from tests._torch_features import needs_compiled_regions
 
 
 @pytest.fixture
@@ -47,7 +48,7 @@ class C10d(TorchDispatchMode):
         self.calls: list[tuple[str, tuple[int, ...]]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.namespace == "c10d":
+        if func.namespace in ("c10d", "_c10d_functional"):
             from torch._C._distributed_c10d import ProcessGroup
 
             groups = [ProcessGroup.unbox(a) for a in args
@@ -57,6 +58,10 @@ class C10d(TorchDispatchMode):
 
     def all_reduces(self) -> list[tuple[int, ...]]:
         return [ranks for name, ranks in self.calls if name.startswith("c10d::allreduce")]
+
+    def functional_all_reduces(self) -> int:
+        """All-reduces by group name (what compiled code calls; the group is an argument by name)."""
+        return sum(name.startswith("_c10d_functional::all_reduce") for name, _ in self.calls)
 
 
 def backward_all_reduces(y: torch.Tensor) -> list[tuple[int, ...]]:
@@ -173,3 +178,32 @@ def test_the_cast_of_one_region_is_not_seen_by_the_next(rm):
     with C10d() as seen:
         (y1.to_local() + y2.to_local()).sum().backward()
     assert seen.all_reduces() == [TP_GROUP] * 2
+
+
+@needs_compiled_regions()  # not where this torch's dynamo cannot trace a region (2.11, 2.12)
+def test_compiled_the_weight_is_cast_once_and_a_write_retires_the_cast(rm):
+    """Under torch.compile (one graph, fullgraph): the same counts as eagerly, and the same values."""
+    def uses(h, w):
+        for _ in range(4):
+            h = torch.tanh(h * w)
+        return h
+
+    def written(h, v):
+        u = v * 1
+        a = h + u
+        u.add_(1)  # a write the region sees: the next use is cast anew
+        return a * 2 + (h + u)  # (cotangents that differ: a compiler would merge two equal all-reduces)
+
+    for body, psums in ((uses, 1), (written, 2)):
+        mapped = fm.shard_map(body, in_specs=(P("tp"), P()), out_specs=P("tp"), mesh=rm)
+        x, w = torch.randn(16, 8), torch.randn(4, 8, requires_grad=True)
+        w_eager = w.detach().clone().requires_grad_()
+        torch._dynamo.reset()
+        out = torch.compile(lambda a, b: mapped(a, b).to_local(), backend="aot_eager", fullgraph=True)(x, w)
+        want = mapped(x, w_eager).to_local()
+        torch.testing.assert_close(out, want)
+        with C10d() as seen:
+            out.sum().backward()
+        assert seen.functional_all_reduces() == psums, (body.__name__, seen.calls)
+        want.sum().backward()
+        torch.testing.assert_close(w.grad, w_eager.grad)
