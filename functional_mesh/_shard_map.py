@@ -348,6 +348,7 @@ class _Scale(torch.autograd.Function):
 # -- the interpreter ---------------------------------------------------------------------------------
 
 
+_UNREDUCED_RULES: dict[tuple[Any, ...], _vma.Rule] = {}  # (op, kind, types, roles, adds a number) -> rule
 _DEFAULT_RULES: dict[tuple[frozenset[str], ...], _vma.Rule] = {}  # operand types -> the default rule's answer
 
 
@@ -482,9 +483,13 @@ class _TypedMode(TorchFunctionMode):
                     f"`{kind.name}` with a bias cannot take a value unreduced over {axes}: every member would add "
                     f"the bias to its term, so the sum would hold it once per member; call it without the bias, "
                     f"then psum over {axes} and add the bias (or add it after a psum_scatter)")
-        rule = _vma.unreduced_op_rule(kind.name, linear, [(tuple(flat[i].shape), t, u) for i, t, u in
-                                                        zip(positions, operands, pending, strict=True)],
-                                    roles, adds_number)
+        key = (kind.name, linear, tuple(operands), tuple(pending), tuple(roles), adds_number)
+        rule = _UNREDUCED_RULES.get(key)  # the rule depends on types only (shapes are for messages)
+        if rule is None:
+            rule = _UNREDUCED_RULES[key] = _vma.unreduced_op_rule(
+                kind.name, linear, [(tuple(flat[i].shape), t, u) for i, t, u in zip(positions, operands, pending,
+                                                                                      strict=True)],
+                roles, adds_number)
         written = written_operand(func, args, kwargs)
         if written is not None:
             _vma.check_write(kind.name, region.type_of(written), rule.result,

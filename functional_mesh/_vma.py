@@ -252,7 +252,7 @@ def unreduced_op_rule(op: str, kind: str, operands: Sequence[tuple[object, froze
     values = [(i, v, u) for i, ((_, v, u), role) in enumerate(zip(operands, roles, strict=True)) if role == "value"]
     others = [u for (_, _, u), role in zip(operands, roles, strict=True) if role == "other"]
     axes_text = tuple(sorted(pending))
-    where = f"operands: {_described(operands)}"
+    where = f"operands: {_described(operands)}"  # (the region caches each rule that raises nothing)
     if not kind:
         raise VmaError(f"`{op}` is not linear, so it cannot take a value unreduced over {axes_text} (a pending sum: "
                        f"each member holds a term, and `{op}` of the terms does not add up to `{op}` of the sum); "
