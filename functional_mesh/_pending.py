@@ -93,10 +93,18 @@ class Slot:
         if self.state != _STARTED:
             return True
         if self.work is None:
-            raise MeshError(requires(api, "eager mode for is_completed() (under torch.compile the graph holds the "
-                                     "communication and its wait, and no Python object sees it run)",
-                                     "torch.compiler.is_compiling()", True) + "; call wait() instead")
+            _raise_while_tracing(requires(api, "eager mode for is_completed() (under torch.compile the graph holds "
+                                          "the communication and its wait, and no Python object sees it run)",
+                                          "torch.compiler.is_compiling()", True) + "; call wait() instead")
         return bool(self.work.is_completed())
+
+
+@torch.compiler.assume_constant_result
+def _raise_while_tracing(message: str) -> None:
+    """Raise a ``MeshError`` that torch.compile passes on as it is: raised in traced code, dynamo would
+    report its own "Observed exception" instead (torch 2.11); raised from here, in Python while
+    tracing, it is our class with our message."""
+    raise _torch.trace_time_error(MeshError)(message)
 
 
 class Pending:
