@@ -35,10 +35,11 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q
 
-# The compatibility pass for a second torch (.ci/run: `make compat TORCH=2.14.1`): every test file that
-# imports torch -- the oracle vs torch's DeviceMesh, the fake backend, real gloo workers, the JAX oracle,
-# two hosts, the examples, unit tables (shard_map's aten op table), fuzz, purity; both tiers of them. Left
-# out: the laws, the import layers and the doctests, which check the pure layer and import no torch (~5 s).
+# The compatibility pass for another torch (.ci/run: `make compat TORCH=2.11.0`, the oldest we support; README
+# "Which tier for which torch"): every test file that imports torch -- the oracle vs torch's DeviceMesh, the
+# fake backend, real gloo workers, the JAX oracle, two hosts, the examples, unit tables (shard_map's aten op
+# table), fuzz, purity; both tiers of them. Left out: the laws, the import layers and the doctests, which
+# check the pure layer and import no torch (~5 s).
 COMPAT_TESTS := tests/oracle tests/fake tests/dist tests/jax_oracle tests/multinode tests/unit tests/fuzz \
 	tests/test_purity.py tests/test_examples.py tests/test_examples_dist.py
 compat: $(STAMP)
@@ -129,8 +130,10 @@ clean:
 
 # The GPU smoke run (tests/gpu/run.py, docs/reliability.md): realize, every collective, DTensor, shard_map,
 # torch.compile (inductor), FSDP2 + TP and abort on CUDA, each against one process; NCCL at world 1, 4
-# processes on gloo sharing the GPU, NCCL across GPUs when there are 2 or more. It uses the machine's own
-# python and torch (2.11 or newer) and installs nothing; without a GPU it says so and exits 0.
+# processes on gloo sharing the GPU, NCCL across GPUs when there are 2 or more. Before a gloo job a torch-only
+# probe tries torch's functional collectives there; where they crash (torch 2.11.0 with CUDA tensors), the
+# checks that need them skip, saying so (docs/gpu.md). It uses the machine's own python and torch (2.11 or
+# newer) and installs nothing; without a GPU it says so and exits 0.
 GPU_PYTHON ?= python3
 .PHONY: gpu-smoke
 gpu-smoke:

@@ -3,7 +3,9 @@
 Everything the library hands to torch or reads back from it as a torch object passes here:
 DTensor placements (to and from our placement plan), a ``DeviceMesh`` over groups realize made,
 the layout of an existing ``DeviceMesh``. The private torch names used here, checked on torch
-2.13.0 (`make test`) and 2.14.1 (`make compat TORCH=2.14.1`, in CI); the suite ran once on 2.15.0:
+2.13.0 (`make test`), 2.11.0 and 2.14.1 (`make compat`, in CI) and 2.12.1; the suite ran once on
+2.15.0. Where releases differ, the difference is detected (a signature, an attribute, a probe),
+never read from the version:
 
 - ``torch.distributed.tensor.placement_types._StridedShard(dim, split_factor=)``;
 - ``DeviceMesh._layout`` (per-dim ``shape``/``stride``) and ``DeviceMesh._rank_map``, the CuTe
