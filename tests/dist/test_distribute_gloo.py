@@ -163,11 +163,15 @@ def distribute_current_and_errors(mesh: Mesh) -> dict:
         "no_mesh": lambda: fm.distribute(t, sh),
         "other_mesh": lambda: fm.distribute(t, fm.NamedSharding(MESHES["iota"] if mesh != MESHES["iota"]
                                                                 else MESHES["permuted"], P("dp")), mesh=rm),
-        "partial": lambda: fm.sharding_of(DTensor.from_local(torch.ones(2, 2), rm.device_mesh,
-                                                             [Partial(), Replicate(), Replicate()])),
-        "partial_mixed": lambda: fm.sharding_of(DTensor.from_local(torch.ones(2, 2), rm.device_mesh,
-                                                                   [Replicate(), Partial("sum"), Replicate()])),
+        "partial_max": lambda: fm.sharding_of(DTensor.from_local(torch.ones(2, 2), rm.device_mesh,
+                                                                 [Partial("max"), Replicate(), Replicate()])),
+        "partial_avg": lambda: fm.sharding_of(DTensor.from_local(torch.ones(2, 2), rm.device_mesh,
+                                                                 [Replicate(), Partial("avg"), Replicate()])),
+        "unreduced_spec": lambda: fm.distribute(t, fm.NamedSharding(mesh, P("tp", unreduced={"dp"})), mesh=rm),
     }
+    # a Partial('sum') is a pending sum: sharding_of says which axes (no refusal)
+    out["partial_sum"] = repr(fm.sharding_of(DTensor.from_local(torch.ones(2, 2), rm.device_mesh,
+                                                                [Replicate(), Partial("sum"), Replicate()])).spec)
     for name, call in cases.items():
         try:
             call()
@@ -177,16 +181,20 @@ def distribute_current_and_errors(mesh: Mesh) -> dict:
     return out
 
 
-def test_distribute_uses_the_current_mesh_and_rejects_partial_and_foreign_meshes(w8):
+def test_distribute_uses_the_current_mesh_and_rejects_other_reductions_and_foreign_meshes(w8):
     mesh = MESHES["permuted"]
     sh = fm.NamedSharding(mesh, P("tp", "dp"))
     for rank, res in enumerate(w8.run(distribute_current_and_errors, mesh)):
         assert res["local"] == full((4, 6))[sh.local_slices((4, 6), rank)].tolist()
         assert res["no_mesh"] is not None and res["no_mesh"][1], res["no_mesh"]
         assert res["other_mesh"] is not None and res["other_mesh"][1], res["other_mesh"]
-        for name in ("partial", "partial_mixed"):
+        for name in ("partial_max", "partial_avg"):  # a reduction no PartitionSpec says
             assert res[name] is not None and res[name][1], (name, res[name])
-            assert re.search("Partial", res[name][2]) and re.search("redistribute", res[name][2]), res[name]
+            assert re.search(r"Partial\('sum'\)", res[name][2]) and re.search("redistribute", res[name][2]), res[name]
+        assert res["unreduced_spec"] is not None and res["unreduced_spec"][1], res["unreduced_spec"]
+        assert "a full tensor is no pending sum" in res["unreduced_spec"][2], res["unreduced_spec"]
+        axis = mesh.axis_names[1]  # the mesh dim that holds the Partial
+        assert res["partial_sum"] == f"P(unreduced={{{axis!r}}})", res["partial_sum"]
 
 
 # -- sharding_of on FSDP2 + TP parameters -------------------------------------------------------------
