@@ -109,10 +109,15 @@ def test_a_gradient_in_another_layout_and_a_gradient_of_a_gradient(world):
                    (theirs[0], lambda v: by_hand(rm, lambda a: a ** 3, [v], v.placements))):
         (g,) = torch.autograd.grad(run(x).to_local().sum(), x, create_graph=True)
         g.to_local().sum().backward()
-        grads.append((described(g), g.to_local().detach(), described(x.grad), x.grad.to_local()))
-    assert grads[0][0] == grads[1][0] and grads[0][2] == grads[1][2]
+        grads.append((described(g), g.to_local().detach(), x.grad))
+    assert grads[0][0] == grads[1][0]
     torch.testing.assert_close(grads[0][1], grads[1][1])
-    torch.testing.assert_close(grads[0][3], grads[1][3])
+    # d/dx sum(3 x^2) = 6 x, on this rank's block (the boundary's second backward, against the math)
+    assert grads[0][2] is not None and tuple(grads[0][2].placements) == tuple(ours[0].placements)
+    torch.testing.assert_close(grads[0][2].to_local(), 6 * ours[0].to_local().detach())
+    if grads[1][2] is not None:  # torch 2.11's own to_local/from_local leave it None; later ones agree with ours
+        assert described(grads[0][2]) == described(grads[1][2])
+        torch.testing.assert_close(grads[0][2].to_local(), grads[1][2].to_local())
 
 
 def test_no_grad_results_and_dtypes(world):
