@@ -602,6 +602,7 @@ def mesh_parts(dm: Any) -> tuple[tuple[str, ...], list[tuple[Any, Any]], list[in
     names = dm.mesh_dim_names or tuple(f"dim{i}" for i in range(dm.ndim))
     return tuple(names), [(axis.shape, axis.stride) for axis in dm._layout], dm._rank_map.reshape(-1).tolist()
 
+
 # -- what this torch's dynamo can trace (probed once, where it is first needed) ----------------------------
 
 
