@@ -25,6 +25,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,30 @@ def jax_python() -> Path:
     if SKIPPED:  # a previous test of this session already tried and failed: don't pay pip again
         pytest.skip(SKIPPED[0])
     return ensure_jax_venv()
+
+
+def run_jax_side(jax_python: Path, command: list[str], out: Path, label: str, timeout_s: float,
+                 fields: Any) -> dict[str, Any]:
+    """Run the JAX side (``jax_python *command out``) on 8 host devices and load what it saved:
+    ``{"__meta__": meta, name: {"outputs", "grads", **fields(info)}}``; a timeout or a nonzero exit
+    fails the test with the side's output."""
+    import json
+
+    import numpy as np
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "OMP_NUM_THREADS": "1",
+           "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()}
+    try:
+        proc = subprocess.run([str(jax_python), *command, str(out)], check=False, capture_output=True, text=True,
+                              timeout=timeout_s, cwd=REPO, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{label} did not finish within {timeout_s} s", pytrace=False)
+    if proc.returncode:
+        pytest.fail(f"{label} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-5000:]}", pytrace=False)
+    with np.load(out, allow_pickle=False) as z:
+        meta = json.loads(str(z["__meta__"]))
+        results: dict[str, Any] = {"__meta__": meta}
+        for name, info in meta["programs"].items():
+            results[name] = {"outputs": [z[f"{name}/out/{i}"] for i in range(info["n_out"])],
+                             "grads": [z[f"{name}/grad/{j}"] for j in range(info["n_grad"])], **fields(info)}
+    return results

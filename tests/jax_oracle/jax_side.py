@@ -272,6 +272,15 @@ def run_program(program: Program) -> tuple[list[np.ndarray], list[np.ndarray], d
 
 
 def main(argv: list[str]) -> int:
+    return _run_suite(argv, programs.ALL, [p.name for p in programs.HAND_WRITTEN if p.name not in BODIES],
+                      run_program, "programs")
+
+
+def _run_suite(argv: list[str], listing: Any, missing: Any, run: Any, what: str) -> int:
+    """Run ``listing`` on 8 host devices and save every output and gradient to ``argv[1]`` (an .npz).
+
+    ``missing``: the programs that have no JAX body (computed once jax is imported, the bodies
+    need it); ``run``: program -> (outputs, gradients, info)."""
     global jax, jnp, lax
     if len(argv) != 2:
         print(f"usage: {argv[0]} OUT.npz", file=sys.stderr)
@@ -289,7 +298,6 @@ def main(argv: list[str]) -> int:
     if len(jax.devices()) != 8:
         print(f"expected 8 host devices, got {jax.devices()}", file=sys.stderr)
         return 3
-    missing = [p.name for p in programs.HAND_WRITTEN if p.name not in BODIES]
     if missing:
         print(f"programs without a JAX body: {missing}", file=sys.stderr)
         return 4
@@ -297,9 +305,9 @@ def main(argv: list[str]) -> int:
     arrays: dict[str, np.ndarray] = {}
     meta: dict[str, Any] = {"jax": jax.__version__, "jaxlib": _jaxlib_version(), "programs": {}}
     t0 = time.monotonic()
-    for program in programs.ALL:
+    for program in listing:
         t = time.monotonic()
-        outs, grads, info = run_program(program)
+        outs, grads, info = run(program)
         info["seconds"] = round(time.monotonic() - t, 3)
         info["n_out"], info["n_grad"] = len(outs), len(grads)
         meta["programs"][program.name] = info
@@ -311,9 +319,10 @@ def main(argv: list[str]) -> int:
     arrays["__meta__"] = np.array(json.dumps(meta))
     np.savez(argv[1], **arrays)
     for name, info in meta["programs"].items():
-        status = "raises " + info["error"][0] + f" ({info['kind']})" if info["error"] else "ok"
+        kind = f" ({info['kind']})" if info.get("kind") else ""
+        status = "raises " + info["error"][0] + kind if info["error"] else "ok"
         print(f"{name:42s} {status:34s} {info['seconds']:.2f} s")
-    print(f"jax {meta['jax']}: {len(programs.ALL)} programs in {meta['seconds']:.1f} s")
+    print(f"jax {meta['jax']}: {len(listing)} {what} in {meta['seconds']:.1f} s")
     return 0
 
 
@@ -640,45 +649,5 @@ def run_unreduced_program(program: programs.UnreducedProgram
 
 def main_unreduced(argv: list[str]) -> int:
     """Like :func:`main`, for ``programs.UNREDUCED``: ``python -c '...main_unreduced(sys.argv)' OUT.npz``."""
-    global jax, jnp, lax
-    if len(argv) != 2:
-        print(f"usage: {argv[0]} OUT.npz", file=sys.stderr)
-        return 2
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "--xla_force_host_platform_device_count=8" not in flags:
-        os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import jax as _jax
-    import jax.numpy as _jnp
-    from jax import lax as _lax
-
-    jax, jnp, lax = _jax, _jnp, _lax
-    jax.config.update("jax_enable_x64", True)
-    if len(jax.devices()) != 8:
-        print(f"expected 8 host devices, got {jax.devices()}", file=sys.stderr)
-        return 3
-    missing = [p.name for p in programs.UNREDUCED if p.name not in UR_BODIES]
-    if missing:
-        print(f"programs without a JAX body: {missing}", file=sys.stderr)
-        return 4
-    arrays: dict[str, np.ndarray] = {}
-    meta: dict[str, Any] = {"jax": jax.__version__, "jaxlib": _jaxlib_version(), "programs": {}}
-    t0 = time.monotonic()
-    for program in programs.UNREDUCED:
-        t = time.monotonic()
-        outs, grads, info = run_unreduced_program(program)
-        info["seconds"] = round(time.monotonic() - t, 3)
-        info["n_out"], info["n_grad"] = len(outs), len(grads)
-        meta["programs"][program.name] = info
-        for i, o in enumerate(outs):
-            arrays[f"{program.name}/out/{i}"] = o
-        for j, g in enumerate(grads):
-            arrays[f"{program.name}/grad/{j}"] = g
-    meta["seconds"] = round(time.monotonic() - t0, 3)
-    arrays["__meta__"] = np.array(json.dumps(meta))
-    np.savez(argv[1], **arrays)
-    for name, info in meta["programs"].items():
-        status = "raises " + info["error"][0] if info["error"] else "ok"
-        print(f"{name:32s} {status:28s} {info['seconds']:.2f} s")
-    print(f"jax {meta['jax']}: {len(programs.UNREDUCED)} unreduced programs in {meta['seconds']:.1f} s")
-    return 0
+    return _run_suite(argv, programs.UNREDUCED, [p.name for p in programs.UNREDUCED if p.name not in UR_BODIES],
+                      run_unreduced_program, "unreduced programs")

@@ -23,10 +23,7 @@ records (with its message), so the split above stays honest when JAX changes.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +32,7 @@ import pytest
 
 from tests.dist._pool import WorkerFailed, pool_fixture
 from tests.jax_oracle import fm_side, programs
-from tests.jax_oracle._jax_venv import REPO, SETUP_BUDGET_S
+from tests.jax_oracle._jax_venv import SETUP_BUDGET_S, run_jax_side
 from tests.jax_oracle.programs import TOLERANCE, UNREDUCED, UnreducedProgram
 
 JAX_RUN_TIMEOUT_S = 180
@@ -60,27 +57,9 @@ def _ids(p: UnreducedProgram) -> str:
 def jax_unreduced(jax_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every unreduced program's JAX results: ``{"__meta__": {...}, name: {"outputs", "grads", "error", "types"}}``."""
     out = tmp_path_factory.mktemp("jax_unreduced") / "jax.npz"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "OMP_NUM_THREADS": "1",
-           "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()}
-    try:
-        proc = subprocess.run([str(jax_python), "-c", JAX_DRIVER, str(out)], check=False, capture_output=True,
-                              text=True, timeout=JAX_RUN_TIMEOUT_S, cwd=REPO, env=env)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"jax_side.main_unreduced did not finish within {JAX_RUN_TIMEOUT_S} s", pytrace=False)
-    if proc.returncode:
-        pytest.fail(f"jax_side.main_unreduced exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-5000:]}",
-                    pytrace=False)
-    with np.load(out, allow_pickle=False) as z:
-        meta = json.loads(str(z["__meta__"]))
-        results: dict[str, Any] = {"__meta__": meta}
-        for name, info in meta["programs"].items():
-            results[name] = {
-                "outputs": [z[f"{name}/out/{i}"] for i in range(info["n_out"])],
-                "grads": [z[f"{name}/grad/{j}"] for j in range(info["n_grad"])],
-                "error": info["error"],
-                "types": {k: (list(v), list(u)) for k, (v, u) in info["types"].items()},
-            }
-    return results
+    return run_jax_side(jax_python, ["-c", JAX_DRIVER], out, "jax_side.main_unreduced", JAX_RUN_TIMEOUT_S,
+                        lambda info: {"error": info["error"],
+                                      "types": {k: (list(v), list(u)) for k, (v, u) in info["types"].items()}})
 
 
 def _run_ours(w8: Any, program: UnreducedProgram) -> list[dict[str, Any]]:

@@ -18,10 +18,7 @@ table's expectations stay honest when JAX changes.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +27,7 @@ import pytest
 
 from tests.dist._pool import WorkerFailed, pool_fixture
 from tests.jax_oracle import fm_side, programs
-from tests.jax_oracle._jax_venv import REPO, SETUP_BUDGET_S
+from tests.jax_oracle._jax_venv import SETUP_BUDGET_S, run_jax_side
 from tests.jax_oracle.programs import DIVISIBILITY, TOLERANCE, VMA, Program
 
 JAX_SIDE = Path(__file__).with_name("jax_side.py")
@@ -48,27 +45,8 @@ w8 = pool_fixture(8)
 def jax_results(jax_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every program's JAX results: ``{"__meta__": {...}, name: {"outputs", "grads", "error", "kind"}}``."""
     out = tmp_path_factory.mktemp("jax_oracle") / "jax.npz"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "OMP_NUM_THREADS": "1",
-           "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()}
-    try:
-        proc = subprocess.run([str(jax_python), str(JAX_SIDE), str(out)], check=False, capture_output=True,
-                              text=True, timeout=JAX_RUN_TIMEOUT_S, cwd=REPO, env=env)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{JAX_SIDE.name} did not finish within {JAX_RUN_TIMEOUT_S} s", pytrace=False)
-    if proc.returncode:
-        pytest.fail(f"{JAX_SIDE.name} exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-5000:]}",
-                    pytrace=False)
-    with np.load(out, allow_pickle=False) as z:
-        meta = json.loads(str(z["__meta__"]))
-        results: dict[str, Any] = {"__meta__": meta}
-        for name, info in meta["programs"].items():
-            results[name] = {
-                "outputs": [z[f"{name}/out/{i}"] for i in range(info["n_out"])],
-                "grads": [z[f"{name}/grad/{j}"] for j in range(info["n_grad"])],
-                "error": info["error"],
-                "kind": info["kind"],
-            }
-    return results
+    return run_jax_side(jax_python, [str(JAX_SIDE)], out, JAX_SIDE.name, JAX_RUN_TIMEOUT_S,
+                        lambda info: {"error": info["error"], "kind": info["kind"]})
 
 
 def test_jax_side_ran_every_program(jax_results: dict[str, Any]) -> None:
