@@ -50,7 +50,7 @@ from ._interop import sharding_of
 from ._layout import row_major_strides
 from ._mesh import axes_size
 from ._op_rules import BIAS, is_random, op_kind, written_operand
-from ._pending import Pending
+from ._pending import Pending, raise_while_tracing
 from ._sharding import NamedSharding, PartitionSpec
 
 __all__ = ["shard_map", "typeof"]
@@ -733,11 +733,11 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
             return _call(f, mesh, check_vma, in_specs, out_specs, args)
         why = _no_compiled_regions()  # "" where this torch's dynamo traces a region (probed once)
         if why:  # before dynamo meets the mesh: its own error there names none of this
-            _raise_from_trace(False, why)
+            raise_while_tracing(False, why)
         try:
             return _call(f, mesh, check_vma, in_specs, out_specs, args)
         except MeshError as error:  # a type or boundary error while tracing: the user's error, not torch's
-            _raise_from_trace(isinstance(error, _vma.VmaError), error.args[0])
+            raise_while_tracing(isinstance(error, _vma.VmaError), error.args[0])
 
     return mapped
 
@@ -784,18 +784,6 @@ def _check_waited(issued: list[Pending]) -> None:
 def _trace_id() -> int:
     """The trace dynamo is making now, as a constant of that trace (0 outside one)."""
     return _torch.trace_id()
-
-
-@torch.compiler.assume_constant_result
-def _raise_from_trace(vma: bool, message: str) -> None:
-    """Raise, while torch.compile traces, the ``VmaError`` (or ``MeshError``) eager mode raises.
-
-    Raised in traced code, torch would report its own "Observed exception" with ``fullgraph=True``;
-    raised from here it is an instance of our class that torch passes on as it is (the same
-    message; torch appends where in the user's code it happened). Types depend on types only, so
-    every rank raises it while tracing, before anything communicates.
-    """
-    raise _torch.trace_time_error(_vma.VmaError if vma else MeshError)(message)
 
 
 # -- the boundary -----------------------------------------------------------------------------------------
