@@ -126,10 +126,10 @@ class _Region:
         self.traced = torch.compiler.is_compiling()
         self.trace = _trace_id() if self.traced else 0  # the trace the types belong to
         self.types: dict[Any, frozenset[str]] = {}  # under torch.compile: traced tensor -> axes
-        # whether a value of the region is a pending sum (unreduced over some axes): until one is, no op
-        # asks; under torch.compile, traced tensor -> its unreduced axes
+        # None until a value of the region is a pending sum (unreduced over some axes): until then no op
+        # asks; then under torch.compile traced tensor -> its unreduced axes (eagerly empty: tags hold them)
         self.unreduced: dict[Any, frozenset[str]] | None = None
-        self.tags: dict[frozenset[str], _Tag] = {}  # eagerly: one tag per type
+        self.tags: dict[Any, _Tag] = {}  # eagerly: one tag per type (varying axes; (varying, unreduced) pairs)
         # results of collectives -> (api, axes, params), made on the first one: an out_specs error
         # says what made a result
         self.sources: Any = None
@@ -189,10 +189,10 @@ class _Region:
                 else:
                     self.unreduced.pop(out, None)
                 return
-            key = (axes, unreduced)
-            tag = self.unreduced.get(key)  # eagerly: one tag per (varying, unreduced) type
+            key = (axes, unreduced)  # eagerly: one tag per type, beside the varying-only ones
+            tag = self.tags.get(key)
             if tag is None:
-                tag = self.unreduced[key] = _Tag(self, axes, unreduced)
+                tag = self.tags[key] = _Tag(self, axes, unreduced)
             out.__dict__[_TAG] = tag
         elif isinstance(out, (tuple, list)):
             for o in out:
