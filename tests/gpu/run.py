@@ -129,10 +129,13 @@ def probe_funcol(case: str, device_type: str, nproc: int, limit: float) -> str:
     output = err + "\n" + out
     steps = PROBE_STEPS
     ok = [s for s in steps if len(re.findall(rf"^OK {s} rank \d+$", out, re.M)) == nproc]
-    if not problem and len(ok) == len(steps):
+    if len(ok) == len(steps) and not problem.startswith("did not finish"):
+        # every rank got every step right: that answers the question, even if a process died later
+        # (torch's gloo threads can abort one in interpreter finalization, after the group is destroyed)
+        after = f" (then {cause(output, problem)}, after every step had passed)" if problem else ""
         print(f"PROBE {case}/funcol OK [{took:.1f} s] torch's functional {' and '.join(steps)} on gloo with "
-              f"{device_type} tensors, {nproc} processes, equal to one process: the checks that need them run",
-              flush=True)
+              f"{device_type} tensors, {nproc} processes, equal to one process: the checks that need them run"
+              f"{after}", flush=True)
         return ""
     # the last step any rank started (the ranks run them in step; a rank's death ends the others as
     # they finish the step before, whose OK they may not have printed yet)
@@ -165,16 +168,34 @@ def first_failure(case: str, output: str) -> None:
 
 
 def cause(output: str, problem: str) -> str:
-    """Why torchrun's job died: its root cause (rank, exit code, signal), else ``problem``."""
-    root = output.find("Root Cause")
-    if root < 0:
+    """Why torchrun's job died (rank, exit code, signal), else ``problem``.
+
+    The rank that a signal killed (not torchrun's own SIGTERM to the rest) before torchrun's "root
+    cause", which is only the first exit it observed: a rank that lost its peer can exit before the
+    dead one is noticed.
+    """
+    start = min((i for i in (output.find("Failures:"), output.find("Root Cause")) if i >= 0), default=-1)
+    if start < 0:
         return problem
-    block = output[root:root + 800]
-    rank = re.search(r"rank\s*:\s*(\d+)", block)
-    code = re.search(r"exitcode\s*:\s*(-?\d+)", block)
-    why = re.search(r"traceback\s*:\s*(.+)", block)
-    return (f"rank {rank.group(1) if rank else '?'} died, exit code {code.group(1) if code else '?'}"
-            f" ({why.group(1).strip() if why else 'no reason given'})")
+    root = output.find("Root Cause")
+    everyone = _failures(output[start:])
+    first = _failures(output[root:])[:1] if root >= 0 else []
+    killed = [f for f in first + everyone if f[1].startswith("-") and f[1] != f"-{int(signal.SIGTERM)}"]
+    picked = (killed or first or everyone or [("?", "?", problem)])[0]
+    return f"rank {picked[0]} died, exit code {picked[1]} ({picked[2]})"
+
+
+def _failures(report: str) -> list[tuple[str, str, str]]:
+    """``(rank, exit code, reason)`` of each ``[i]:`` entry of torchrun's failure report, in its order."""
+    out = []
+    for entry in re.split(r"\n\s*\[\d+\]:", report)[1:]:
+        rank = re.search(r"rank\s*:\s*(\d+)", entry)
+        code = re.search(r"exitcode\s*:\s*(-?\d+)", entry)
+        why = re.search(r"traceback\s*:\s*(.+)", entry)
+        if code:
+            out.append((rank.group(1) if rank else "?", code.group(1),
+                        why.group(1).strip() if why else "no reason given"))
+    return out
 
 
 def fatal_stack(output: str) -> str:

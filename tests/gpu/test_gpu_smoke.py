@@ -86,6 +86,19 @@ def test_where_torchs_functional_collectives_crash_their_checks_skip_saying_so_a
 
 
 @pytest.mark.timeout(400)
+def test_a_probe_process_that_dies_after_every_step_passed_does_not_turn_the_checks_off():
+    # CI, torch 2.13 CPU: every rank printed OK for both steps, then one aborted in interpreter
+    # finalization ("terminate called without an active exception"), and the dtensor check skipped
+    proc = run("--cpu", "--only=dtensor", env={"FM_GPU_SMOKE_PROBE_CRASH": "exit"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    probe = next(line for line in proc.stdout.splitlines() if line.startswith("PROBE "))
+    assert probe.startswith("PROBE gloo-cpu/funcol OK"), proc.stdout
+    assert "(then rank 1 died, exit code -6 (Signal 6 (SIGABRT)" in probe and "after every step had passed)" in probe
+    assert [line.split()[:3] for line in proc.stdout.splitlines() if line.startswith("CHECK ")] == \
+        [["CHECK", "gloo-cpu/dtensor", "PASS"]], proc.stdout
+
+
+@pytest.mark.timeout(400)
 def test_a_process_that_dies_in_a_check_hides_none_of_the_others():
     # rank 1 kills itself with SIGSEGV as shard_map starts (the first GPU run lost 6 checks to one segfault)
     proc = run("--cpu", "--only=dtensor,shard_map,abort", env={"FM_GPU_SMOKE_CRASH": "shard_map"})
