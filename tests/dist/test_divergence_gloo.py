@@ -194,7 +194,13 @@ def test_a_rank_that_skips_a_realize_call_fails_that_call_and_the_next_on_every_
 # -- collectives: the opt-in check ---------------------------------------------------------------------
 
 
-def run_op(op: str, x: torch.Tensor, axis, rm) -> list:
+def run_op(op: str, x: torch.Tensor, axis, rm) -> list | str:
+    if op.endswith("_async"):  # issued with async_op=True: a check's error comes at issue, not at wait()
+        pending = getattr(fm, op.removesuffix("_async"))(x, axis, mesh=rm, async_op=True)
+        try:
+            return pending.wait().tolist()
+        except fm.MeshError as e:
+            return f"raised at wait(): {e}"
     if op == "psum":
         return fm.psum(x, axis, mesh=rm).tolist()
     if op == "all_gather":
@@ -310,6 +316,10 @@ GROUP_CASES = {
               w_request("psum"), w_request("psum", shape="3")),
     "dtype": (2, ("psum", "w", (4,), torch.float32), ("psum", "w", (4,), F64), ("psum", "psum"),
               w_request("psum"), w_request("psum", dtype="float32")),
+    # issued with async_op=True: the check runs before the communication starts, so the call raises
+    # when it is issued, on every member (the message is the blocking call's)
+    "async": (3, ("all_gather_async", "w", (4,), F64), ("psum_async", "w", (4,), F64), ("psum", "all_gather"),
+              w_request("psum"), w_request("all_gather", params=GATHER)),
     # without the check both sides run a reduce-scatter of equal size: a silent mix-up
     "backward_vs_forward": (0, ("all_gather_then_psum_scatter", "w", (4,), F64), ("grad_of_all_gather", "w", (4,), F64),
                             ("all_gather", "psum_scatter"),
@@ -330,6 +340,12 @@ def test_group_mode_members_asking_for_different_collectives_all_raise_at_once(w
             (rank, message)
         assert seconds < MARGIN, (rank, seconds)
     assert_in_step(w4, [W], mode="1")
+
+
+def test_group_mode_checks_matching_async_calls_and_gives_their_values(w4):
+    for mode in ("1", "mesh"):
+        outs = w4.run(collective_variant, mode, LONG_WAIT, M, {}, ("psum_async", "tp", (4,), F64))
+        assert [out[:2] for out in outs] == [("ok", group_sum(M, "tp", r)) for r in range(4)], outs
 
 
 # -- a matching program: the same results, and no store traffic when off ----------------------------------
