@@ -48,7 +48,7 @@ compat: $(STAMP)
 # The torchtitan suite (tests/torchtitan, docs/torchtitan.md): torchtitan 0.3.0's own ParallelDims, and
 # llama3 and deepseek_v3 training, against ours. Its own venv per torch, since torchtitan's dependencies are
 # not ours: .venv-titan for 2.13.0, .venv-titan-$(TORCH) for any other (`make test-torchtitan TORCH=2.14.1`).
-# FM_TITAN_CASES=a,b picks the training cases (default all; spmd_types skips below torch 2.14).
+# FM_TITAN_CASES=a,b picks the training cases (default all; spmd_types skips where FSDP2 does not read its annotations: torch 2.13).
 TITAN_VENV  := $(if $(filter 2.13.0,$(TORCH)),.venv-titan,.venv-titan-$(TORCH))
 TITAN_PY    := $(TITAN_VENV)/bin/python
 TITAN_STAMP := $(TITAN_VENV)/.installed

@@ -27,3 +27,24 @@ def skip_unless_compiled_regions() -> None:
     if failure is not None:
         pytest.skip(f"torch {torch.__version__}: its dynamo cannot trace a shard_map region ({failure}), so "
                     "shard_map raises MeshError at a compiled region's entry")
+
+
+def fsdp_spmd_types_failure() -> str | None:
+    """Why this torch's FSDP2 cannot take torchtitan's ``spmd_types`` backend, or ``None`` if it can.
+
+    That backend hands ``fully_shard`` plain-tensor parameters annotated with ``spmd_types`` types;
+    an FSDP2 that reads the annotations imports ``spmd_types`` in ``_fsdp_param`` (torch 2.14),
+    one that does not (2.13) requires DTensor parameters and refuses them, whoever made the meshes.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("spmd_types") is None:
+        return "spmd_types is not installed here"
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param
+    except ImportError as exc:
+        return f"torch {torch.__version__} has no FSDP2 ({exc})"
+    if getattr(_fsdp_param, "spmd", None) is None:
+        return (f"torch {torch.__version__}'s FSDP2 does not read spmd_types annotations (its _fsdp_param imports "
+                "no spmd_types), so fully_shard refuses the spmd_types backend's plain-tensor parameters")
+    return None

@@ -56,11 +56,10 @@ def test_torchtitan_example_trains_llama3():
     if not _torchtitan_importable():
         pytest.skip(f"torchtitan is not importable in {sys.executable}: `make test-torchtitan` runs this test in "
                     f"its venv")
-    import torch
+    from tests._torch_features import fsdp_spmd_types_failure
 
-    # torchtitan's default backend where it runs (torch >= 2.14), the legacy one below
-    newer = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 14)
-    backend = "spmd_types" if newer else "partial_dtensor"
+    # torchtitan's default backend where this torch's FSDP2 takes it (2.14), the legacy one elsewhere
+    backend = "partial_dtensor" if fsdp_spmd_types_failure() else "spmd_types"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", "--max_restarts=0",
            str(TITAN_EXAMPLE), "--spmd-backend", backend]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}

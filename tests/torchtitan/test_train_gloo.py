@@ -32,6 +32,8 @@ import time
 
 import pytest
 
+from tests._torch_features import fsdp_spmd_types_failure
+
 from ._titan import require_torchtitan
 
 require_torchtitan()
@@ -97,22 +99,15 @@ def launch(meshes: str, backend: str, degrees: dict[str, int | str], out: pathli
     return result
 
 
-def _torch_at_least(major: int, minor: int) -> bool:
-    import torch
-
-    return tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (major, minor)
-
-
 @pytest.fixture(scope="module", params=[c for c in CASES if c in SELECTED])
 def runs(request, tmp_path_factory):
     """Both runs of one case: ``(case, {"torchtitan": result, "fm": result})``."""
     case = request.param
     backend, degrees = CASES[case]
-    if backend == "spmd_types" and not _torch_at_least(2, 14):
-        # torch 2.13's fully_shard with dp_mesh_dims requires DTensor parameters; torchtitan's
-        # spmd_types backend hands it plain tensors with spmd_types annotations (torch 2.14 reads them)
-        pytest.skip("torchtitan 0.3's spmd_types backend needs torch >= 2.14 (torch 2.13's fully_shard refuses its "
-                    "plain-tensor parameters, whoever made the meshes); run this case in a torch 2.14.1 venv")
+    failure = fsdp_spmd_types_failure() if backend == "spmd_types" else None
+    if failure:
+        pytest.skip(f"torchtitan 0.3's spmd_types backend: {failure}; run this case in a torch 2.14.1 venv "
+                    "(`make test-torchtitan TORCH=2.14.1`)")
     base = tmp_path_factory.mktemp(f"titan-{case}")
     results = {m: launch(m, backend, degrees, base / m) for m in ("torchtitan", "fm")}
     for meshes, result in results.items():  # shown with -s; docs/torchtitan.md quotes them
