@@ -377,7 +377,8 @@ class _TypedMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         region = self.region
-        if not region.traced and region.unreduced is None:  # (a region with a pending sum takes the general path)
+        # a region with a pending sum: the fast paths for the ops none of whose operands is one
+        if not region.traced and (region.unreduced is None or not _pending_operand(region, args, kwargs)):
             plain = self.plain.get(func)
             if plain is None:
                 kind = op_kind(func)
@@ -526,6 +527,24 @@ def _value_operands(linear: str, args: tuple, kwargs: dict) -> list[Any]:
     if linear == "unary":
         return args[:1]
     return [a for a in args if isinstance(a, torch.Tensor)]  # factors: every tensor
+
+
+def _pending_operand(region: _Region, args: tuple, kwargs: dict | None) -> bool:
+    """Whether a tensor argument (flat, or a keyword's) is a pending sum in ``region`` (eagerly). One in
+    a container is not looked for: the fast paths send a call with such a container to the general
+    path, which finds it."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            tag = getattr(a, _TAG, None)
+            if tag is not None and tag.unreduced and tag.region is region:
+                return True
+    if kwargs:
+        for v in kwargs.values():
+            if isinstance(v, torch.Tensor):
+                tag = getattr(v, _TAG, None)
+                if tag is not None and tag.unreduced and tag.region is region:
+                    return True
+    return False
 
 
 def _one_type(region: _Region, args: tuple, kwargs: dict | None) -> frozenset[str] | None:

@@ -136,9 +136,31 @@ def test_an_invariant_factor_joins_other_axes_as_the_default_rule_says(rm):
     assert seen["u*y"] == (DP, TP)
 
 
+def test_ops_without_a_pending_operand_type_alike_in_a_region_with_one(rm):
+    # a pending sum in the region does not change how the other ops are typed (they keep the fast paths)
+    def body(x, w, b, pending):
+        u = fm.pcast(x, "tp", to="unreduced") if pending else x
+        h = torch.tanh(x * w) + b  # varying x, invariant w and b: cast up to tp
+        seen = {"h": types(h), "h@w": types(h @ w.T), "w+b": types(w + b), "mean": types(h.mean(dim=0)),
+                "cat": types(torch.cat([h, x])), "linear": types(F.linear(h, w, b[:1].expand(4)))}
+        out = fm.psum(u, "tp") + fm.psum(h, "tp")
+        return out, seen
+
+    seen = {}
+    for pending in (False, True):
+        def traced(x, w, b, p=pending):
+            out, seen[p] = body(x, w, b, p)
+            return out
+        run(rm, traced, torch.ones(4, 8), torch.ones(4, 4), torch.ones(4), in_specs=(P(None, "tp"), P(), P()))
+    assert seen[True] == seen[False]
+    assert seen[True]["h"] == (TP, NONE) and seen[True]["w+b"] == (NONE, NONE)
+
+
 REFUSED = {
     "tanh": (lambda u, c: torch.tanh(u), r"`tanh` is not linear, so it cannot take a value unreduced over \('tp',\)"),
     "relu": (lambda u, c: F.relu(u), r"`relu` is not linear"),
+    "tanh by keyword": (lambda u, c: torch.tanh(input=u), r"`tanh` is not linear"),
+    "plus invariant by keyword": (lambda u, c: torch.add(c, other=u), r"combines a value unreduced over"),
     "plus invariant": (lambda u, c: u + c, r"combines a value unreduced over \('tp',\) with one that is not"),
     "plus number": (lambda u, c: u + 1, r"adds a number to a value unreduced over \('tp',\)"),
     "number minus": (lambda u, c: 1 - u, r"`__rsub__` is not linear"),
