@@ -130,8 +130,8 @@ class _Region:
         # asks; then under torch.compile traced tensor -> its unreduced axes (eagerly empty: tags hold them)
         self.unreduced: dict[Any, frozenset[str]] | None = None
         self.tags: dict[Any, _Tag] = {}  # eagerly: one tag per type (varying axes; (varying, unreduced) pairs)
-        # results of collectives -> (api, axes, params), made on the first one: an out_specs error
-        # says what made a result
+        # results of all_gather(to="varying") -> (api, axes, params), made on the first one: an out_specs
+        # error that such a result causes says to gather to="invariant" (_made_by)
         self.sources: Any = None
         self.random = False  # whether a random op ran (the out_specs error then says why values vary)
         self.entered: list[torch.Tensor] = []  # tensors typed at the boundary (their tags go at exit)
@@ -314,7 +314,8 @@ class _Region:
         if rec.region_dtype is not None:
             out = torch.tensor(out, dtype=rec.region_dtype)
         self.record(out, rule.result, rule.unreduced)
-        if isinstance(out, torch.Tensor):
+        # the source of what _made_by's hint is about: a weak-keyed entry costs ~5-10 us, so only those
+        if api == "all_gather" and call.params.get("to") == "varying" and isinstance(out, torch.Tensor):
             if self.sources is None:
                 self.sources = {} if self.traced else WeakTensorKeyDictionary()
             self.sources[out] = (api, call.names, call.params)

@@ -100,3 +100,16 @@ def test_jax_idioms_get_errors_that_translate_them(rm):
     # the translation keeps the signature, and axis by keyword alone is still ours
     assert inspect.signature(fm.all_gather) == inspect.signature(fm.all_gather.__wrapped__)
     assert fm.all_gather(torch.ones(2, 2), axis="tp", dim=1, mesh=rm).shape == (2, 4)
+
+
+def test_a_varying_gather_returned_as_invariant_gets_the_invariant_gather_as_its_fix(rm):
+    # out_specs P() says every member holds the same value; all_gather(to="varying") says otherwise
+    def body(x):
+        return fm.all_gather(x, "tp", to="varying")
+
+    with pytest.raises(fm.VmaError, match=r"gather with all_gather\(x, 'tp', to='invariant'\) instead"):
+        fm.shard_map(body, mesh=rm, in_specs=fm.P("tp"), out_specs=fm.P())(torch.ones(4))
+    # the same value made otherwise gets no such hint
+    with pytest.raises(fm.VmaError) as info:
+        fm.shard_map(lambda x: x * 2, mesh=rm, in_specs=fm.P("tp"), out_specs=fm.P())(torch.ones(4))
+    assert "to='invariant'" not in str(info.value) and "psum or all_gather over 'tp'" in str(info.value)
