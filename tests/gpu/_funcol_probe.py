@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     # os._exit: no interpreter finalization, where torch's gloo worker threads can still hold work and
-    # abort the process ("terminate called without an active exception", 2 runs in 45 on torch 2.13 CPU)
+    # abort the process ("terminate called without an active exception", 3 runs in 45 on torch 2.13 CPU)
     # after every step passed and the group was destroyed
     code = main(sys.argv[1:])
     sys.stdout.flush()
