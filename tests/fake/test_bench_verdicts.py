@@ -21,7 +21,6 @@ Expected rank sets come from ``mesh[axis].groups()`` of the pure meshes or from 
 from __future__ import annotations
 
 import pickle
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,7 +31,6 @@ from torch.distributed import device_mesh
 from torch.distributed import distributed_c10d as c10d
 from torch._C._distributed_c10d import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import functional_mesh as fm
@@ -40,26 +38,6 @@ import functional_mesh as fm
 TITAN = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 FLATTENS = (("dp", ("dp_replicate", "dp_shard")), ("dp_shard_cp", ("dp_shard", "cp")),
             ("dp_cp", ("dp_replicate", "dp_shard", "cp")), ("batch", ("dp_replicate", "dp_shard")))
-
-
-@pytest.fixture
-def fake_world():
-    """``start(world, rank)``: be ``rank`` of a fresh fake world; nothing is left behind after the test."""
-    hook = sys.excepthook  # init_process_group wraps it on every call
-
-    def stop() -> None:
-        fm.clear_cache()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-    def start(world: int, rank: int = 0) -> None:
-        stop()
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-        sys.excepthook = hook
-
-    yield start
-    stop()
-    sys.excepthook = hook
 
 
 @pytest.fixture

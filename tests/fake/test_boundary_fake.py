@@ -11,31 +11,19 @@ compare exactly where the only communication is a ``psum``.
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
-import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
 from torch.distributed.tensor import DTensor
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import functional_mesh as fm
 from functional_mesh import P
 
 
 @pytest.fixture
-def world():
+def world(fake_world):
     """Rank 5 of a fake world of 8; nothing is left behind."""
-    hook = sys.excepthook
-    if dist.is_initialized():
-        fm.clear_cache()
-        dist.destroy_process_group()
-    dist.init_process_group("fake", store=FakeStore(), rank=5, world_size=8)
-    sys.excepthook = hook
-    yield
-    fm.clear_cache()
-    dist.destroy_process_group()
+    fake_world(8, 5)
 
 
 def realize():

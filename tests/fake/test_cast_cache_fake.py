@@ -11,14 +11,12 @@ Values on real workers, against one process: tests/dist/test_cast_once_gloo.py.
 from __future__ import annotations
 
 import gc
-import sys
 import weakref
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
-from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import functional_mesh as fm
@@ -27,17 +25,10 @@ from tests._torch_features import needs_compiled_regions
 
 
 @pytest.fixture
-def rm():
+def rm(fake_world):
     """Rank 5 of a fake world of 8, mesh (dp, tp) = (2, 4); nothing is left behind."""
-    hook = sys.excepthook
-    if dist.is_initialized():
-        fm.clear_cache()
-        dist.destroy_process_group()
-    dist.init_process_group("fake", store=FakeStore(), rank=5, world_size=8)
-    sys.excepthook = hook
-    yield fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
-    fm.clear_cache()
-    dist.destroy_process_group()
+    fake_world(8, 5)
+    return fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
 
 
 class C10d(TorchDispatchMode):
