@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import pytest
-import torch.distributed as dist
-import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
-import functional_mesh as fm
+from tests.fuzz import _world
 
 
 @pytest.fixture
 def fake_world():
-    """``start(world, rank)``: be ``rank`` of a fresh fake world; nothing is left behind after the test."""
+    """``start(world, rank)``: be ``rank`` of a fresh fake world (``tests.fuzz._world``); nothing is left
+    behind after the test."""
     hook = sys.excepthook  # init_process_group wraps it on every call
+    with contextlib.ExitStack() as worlds:
+        def start(world: int, rank: int = 0) -> None:
+            worlds.close()  # the world before, if any
+            worlds.enter_context(_world.fake_world(rank, world))
+            sys.excepthook = hook
 
-    def stop() -> None:
-        fm.clear_cache()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-    def start(world: int, rank: int = 0) -> None:
-        stop()
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-        sys.excepthook = hook
-
-    yield start
-    stop()
+        yield start
     sys.excepthook = hook
