@@ -16,7 +16,6 @@ is the small wrapper around its state setup that keeps the FSDP type (and the pl
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 
@@ -78,15 +77,8 @@ def main(which: str) -> None:
     dist.destroy_process_group()
 
 
-def _exit_now() -> None:
-    """Exit 0 without interpreter finalization: torch's gloo threads can abort a process there after
-    ``destroy_process_group`` ("terminate called without an active exception"; docs/gpu.md), which
-    would fail a run whose every step passed."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 if __name__ == "__main__":
+    from tests._exit import exit_now  # the repository is on PYTHONPATH (test_gloo.py sets it)
+
     main(sys.argv[1])
-    _exit_now()
+    exit_now()

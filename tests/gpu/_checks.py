@@ -1,8 +1,8 @@
 """The GPU smoke's checks, run by every process of one torchrun job (``tests/gpu/run.py`` starts them).
 
-    python3 -m torch.distributed.run --standalone --nproc_per_node=N tests/gpu/_checks.py CASE
+    PYTHONPATH=. python3 -m torch.distributed.run --standalone --nproc_per_node=N tests/gpu/_checks.py CASE
 
-    python3 -m torch.distributed.run --standalone --nproc_per_node=N tests/gpu/_checks.py CASE dtensor,abort
+    PYTHONPATH=. python3 -m torch.distributed.run --standalone --nproc_per_node=N tests/gpu/_checks.py CASE dtensor,abort
 
 CASE is one of :data:`CASES`; the optional second argument names the checks to run (the mesh is
 realized first in any case). Each check computes its expected values in this process, with plain
@@ -483,9 +483,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    # os._exit, as _funcol_probe.py: a torch crash in interpreter finalization after the last check is
-    # not a failed check
-    code = main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    from tests._exit import exit_now  # the repository is on PYTHONPATH (run.py sets it)
+
+    exit_now(main(sys.argv[1:]))

@@ -1,6 +1,6 @@
 """A torch-only probe: do torch's functional collectives work on gloo with this device's tensors?
 
-    python3 -m torch.distributed.run --standalone --nproc_per_node=4 tests/gpu/_funcol_probe.py cuda
+    PYTHONPATH=. python3 -m torch.distributed.run --standalone --nproc_per_node=4 tests/gpu/_funcol_probe.py cuda
 
 ``tests/gpu/run.py`` starts it before the ``gloo-cuda`` job, in its own processes and under a
 time limit, because on the first GPU run (an H200, torch 2.11.0+cu130) every process that reached
@@ -76,10 +76,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    # os._exit: no interpreter finalization, where torch's gloo worker threads can still hold work and
-    # abort the process ("terminate called without an active exception", 3 runs in 45 on torch 2.13 CPU)
-    # after every step passed and the group was destroyed
-    code = main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    from tests._exit import exit_now  # the repository is on PYTHONPATH (run.py sets it)
+
+    exit_now(main(sys.argv[1:]))

@@ -406,17 +406,10 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def _exit_now() -> None:
-    """Exit 0 without interpreter finalization: torch's gloo threads can abort a process there after
-    ``destroy_process_group`` ("terminate called without an active exception"; docs/gpu.md), which
-    would fail a run whose every step passed."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
 if __name__ == "__main__":
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # functional_mesh from the work tree
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from tests._exit import exit_now
+
     main()
-    _exit_now()
+    exit_now()
