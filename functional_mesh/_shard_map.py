@@ -534,17 +534,11 @@ def _pending_operand(region: _Region, args: tuple, kwargs: dict | None) -> bool:
     """Whether a tensor argument (flat, or a keyword's) is a pending sum in ``region`` (eagerly). One in
     a container is not looked for: the fast paths send a call with such a container to the general
     path, which finds it."""
-    for a in args:
+    for a in (*args, *kwargs.values()) if kwargs else args:
         if isinstance(a, torch.Tensor):
             tag = getattr(a, _TAG, None)
             if tag is not None and tag.unreduced and tag.region is region:
                 return True
-    if kwargs:
-        for v in kwargs.values():
-            if isinstance(v, torch.Tensor):
-                tag = getattr(v, _TAG, None)
-                if tag is not None and tag.unreduced and tag.region is region:
-                    return True
     return False
 
 
