@@ -41,6 +41,9 @@ Hosts hold --ranks-per-host consecutive ranks (torchrun's numbering).
 """
 
 
+EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE: how a shell reports a tool that the end of its pipe closed
+
+
 class _Transform(argparse.Action):
     """Collect transformations in command-line order into ``namespace.ops``."""
 
@@ -220,7 +223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: the arguments after the program name (default: ``sys.argv[1:]``).
 
     Returns:
-        0 after printing; a bad value exits with status 2 and a message naming it (argparse's way).
+        0 after printing; 141 (128 + SIGPIPE, what a shell reports for ``yes | head``) when the reader
+        closed the pipe first, saying nothing more; a bad value exits with status 2 and a message
+        naming it (argparse's way).
 
     Raises:
         SystemExit: on ``--help`` and on bad arguments (status 2).
@@ -244,7 +249,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = show(args)
     except (MeshError, TypeError) as exc:
         parser.exit(2, f"{parser.prog} {args.command}: error: {exc}\n")
-    print(text)
+    try:
+        print(text)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe is a message we could not catch
+    except BrokenPipeError:
+        # The reader left (``| head``): stop quietly, as Unix tools do. Point stdout at /dev/null so
+        # the interpreter's last flush of what is still buffered does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
     return 0
 
 

@@ -167,6 +167,25 @@ def test_python_dash_m_and_the_console_script_run_without_torch():
     assert bad.returncode == 2 and "axis='tp'" in bad.stderr
 
 
+def test_a_reader_that_closes_the_pipe_first_ends_the_program_quietly():
+    script = str(Path(sys.executable).parent / "functional-mesh")
+    # `| head -n 1` through a real shell pipe, on a picture (~68 kB) larger than the pipe's buffer:
+    # head leaves after one line, and the program's next write finds no reader.
+    big = ["show", "dp=64,tp=64", "--max-side", "64"]
+    piped = subprocess.run(["sh", "-c", 'exec 2>&1; "$0" "$@" | head -n 1', script, *big], capture_output=True,
+                           text=True, env=_env(), timeout=60)
+    assert piped.stdout == "Mesh(dp=64, tp=64): 4096 devices\n", piped.stdout[-2000:]
+    # A pipe whose read end is closed before the program writes: every write fails, the small
+    # picture's too (it would fail only in the interpreter's last flush), so the status is certain.
+    for argv in (big, ["show", "dp=2,tp=2"]):
+        read, write = os.pipe()
+        proc = subprocess.Popen([script, *argv], stdout=write, stderr=subprocess.PIPE, text=True, env=_env())
+        os.close(write)
+        os.close(read)
+        _, err = proc.communicate(timeout=60)
+        assert (proc.returncode, err) == (141, ""), argv
+
+
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 SESSION = re.compile(r"^```\n\$ (functional-mesh [^\n]*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
