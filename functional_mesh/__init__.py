@@ -7,16 +7,14 @@ This module only re-exports; the implementation lives in private modules (``_mes
 needs no torch at all.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
+import importlib as _importlib  # private: dir(functional_mesh) lists the public names only
 
 from . import layout as layout  # the public layout-algebra module: fm.layout.complement, ...
 from ._errors import MeshError, UnknownAxisError
 from ._layout import Layout
 from ._mesh import Mesh, MeshShape, make_mesh
 from ._order import mesh_from_order, order_axes
+from ._reshard_plan import Move, ReshardPlan, ShapeDtypeStruct, plan_reshard
 from ._sharding import NamedSharding, P, PartitionSpec
 from ._visualize import visualize, visualize_sharding
 from ._vma import AxisTypes, VmaError
@@ -30,6 +28,7 @@ _LAZY: dict[str, str] = {
     "RealizedMesh": "_handle",
     "current_mesh": "_handle",
     "abort": "_handle",
+    "CollectiveError": "_handle",
     "CacheInfo": "_cache",
     "cache_info": "_cache",
     "clear_cache": "_cache",
@@ -56,20 +55,23 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
-    "AxisTypes", "Layout", "Mesh", "MeshError", "MeshShape", "NamedSharding", "P", "PartitionSpec", "UnknownAxisError",
-    "VmaError",
-    "make_mesh", "mesh_from_order", "order_axes", "visualize", "visualize_sharding", *_LAZY,
+    "AxisTypes", "Layout", "Mesh", "MeshError", "MeshShape", "Move", "NamedSharding", "P", "PartitionSpec",
+    "ReshardPlan", "ShapeDtypeStruct", "UnknownAxisError", "VmaError",
+    "make_mesh", "mesh_from_order", "order_axes", "plan_reshard", "visualize", "visualize_sharding", *_LAZY,
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'functional_mesh' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    value = getattr(_importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value  # later lookups skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    """The public names (``__all__``, the ``layout`` module, ``__version__``) and the module's dunders;
+    not the helpers this file imports, nor the private modules importing binds here (``_mesh``, ...)."""
+    dunders = {n for n in globals() if n.startswith("__") and n.endswith("__")}
+    return sorted({*__all__, "layout"} | dunders)

@@ -77,6 +77,17 @@ def _unreduced(value: object, given: tuple[Entry, ...]) -> frozenset[str]:
     return frozenset(names)
 
 
+# JAX 0.12's PartitionSpec keywords that have no meaning here yet.
+_JAX_012_KEYWORDS = ("reduced", "unreduced_kind")
+
+
+def _unsupported_keyword(given: dict[str, object]) -> TypeError:
+    name, value = next(iter(given.items()))
+    later = f" (JAX 0.12's {name}= is not supported yet)" if name in _JAX_012_KEYWORDS else ""
+    return TypeError(requires("PartitionSpec", f"axis entries and the keyword unreduced= only{later}",
+                              name, value, "unreduced="))
+
+
 class PartitionSpec(Frozen):
     """Per tensor dim: ``None``, an axis name, or a tuple of axis names; and the axes the value is unreduced over.
 
@@ -101,10 +112,12 @@ class PartitionSpec(Frozen):
             is ``"dp"``.
         unreduced: any iterable of axis names (or one name), over which the value is a pending
             sum; default none.
+        **unsupported: no other keyword is taken; JAX 0.12's ``reduced=`` and ``unreduced_kind=``
+            get a ``TypeError`` saying so, not yet a meaning.
 
     Raises:
         MeshError: an empty axis name, or an axis both splitting a dim and in ``unreduced``.
-        TypeError: an entry of another type.
+        TypeError: an entry of another type, or a keyword other than ``unreduced``.
 
     Examples:
         >>> P("dp", None) == P(("dp",), ()), P("dp", None) == P("dp")
@@ -123,7 +136,9 @@ class PartitionSpec(Frozen):
     _given: tuple[Entry, ...]  # as written, each entry in normal form
     _key: tuple[Any, ...]  # the value: what equality compares (the entries, then the sorted unreduced axes)
 
-    def __init__(self, *entries: object, unreduced: object = ()) -> None:
+    def __init__(self, *entries: object, unreduced: object = (), **unsupported: object) -> None:
+        if unsupported:
+            raise _unsupported_keyword(unsupported)
         given = tuple(_entry(e) for e in entries)
         normal = list(given)
         while normal and normal[-1] is None:

@@ -93,6 +93,32 @@ def test_fm_realize_stays_callable_after_importing_the_module():
     assert run_python(code) == ["True", "RealizedMesh"]
 
 
+def test_collective_error_is_public_and_loads_torch_only_when_asked_for():
+    code = (
+        "import sys, functional_mesh as fm\n"
+        "print('torch' in sys.modules)\n"
+        "err = fm.CollectiveError\n"
+        "from functional_mesh._handle import CollectiveError\n"
+        "print('torch' in sys.modules, err is CollectiveError, issubclass(err, fm.MeshError), "
+        "issubclass(err, RuntimeError), 'CollectiveError' in fm.__all__)\n"
+    )
+    assert run_python(code) == ["False"] + ["True"] * 5
+
+
+def test_dir_of_the_package_lists_its_public_names_and_no_helpers():
+    import functional_mesh as fm
+
+    before = dir(fm)
+    for name in fm.__all__:  # every listed name resolves (the lazy ones load their module)
+        getattr(fm, name)
+    after = dir(fm)
+    public = [n for n in after if not n.startswith("_")]
+    assert before == after and public == sorted({*fm.__all__, "layout"}), set(public) ^ {*fm.__all__, "layout"}
+    assert "__version__" in after and "__getattr__" in after
+    # what the facade imports for itself, and the private modules that importing binds on the package
+    assert not {"Any", "annotations", "importlib", "_importlib", "_mesh", "_handle"} & set(after)
+
+
 # How docs/api.md writes a member of each class in its entries: `mesh.flatten(...)`, `rm.group(axis)`, ...
 OWNERS = {"Mesh": ("mesh", "fm.Mesh"), "RealizedMesh": ("rm",), "NamedSharding": ("sh",)}
 
@@ -133,6 +159,24 @@ def public_names() -> list[tuple[str, str]]:
 def test_the_api_reference_has_an_entry_for_every_public_name():
     text = (PACKAGE.parent / "docs" / "api.md").read_text()
     assert undocumented(text, public_names()) == [], "docs/api.md has no entry for these public names"
+
+
+def test_the_api_reference_headings_of_the_collectives_list_every_parameter():
+    """A heading ``fm.psum_scatter(x, axis, *, dim=0, ...)`` is the call's signature: none of its
+    parameters is left out (``async_op=`` and ``op_dtype=`` once were)."""
+    import inspect
+
+    import functional_mesh as fm
+
+    text = (PACKAGE.parent / "docs" / "api.md").read_text()
+    headings = [line for line in text.splitlines() if line.startswith("### ")]
+    names = ["psum", "pmean", "pmax", "pmin", "pvary", "pcast", "all_gather", "psum_scatter", "all_to_all",
+             "ragged_all_to_all", "ppermute", "axis_index", "axis_size"]
+    for name in names:
+        written = [m[1] for line in headings for m in re.finditer(r"`fm\.%s\(([^)]*)\)" % name, line)]
+        assert len(written) == 1, (name, written)
+        given = [p.split("=")[0].strip() for p in written[0].split(",") if p.strip() not in ("*", "")]
+        assert given == list(inspect.signature(getattr(fm, name)).parameters), name
 
 
 def test_a_name_mentioned_only_in_prose_or_under_another_owner_has_no_entry():

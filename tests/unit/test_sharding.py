@@ -78,6 +78,22 @@ def test_errors_name_the_bad_value():
         NamedSharding(MESH, P("x")).shard_shape((8.0,))
 
 
+def test_jax_012_keywords_and_unknown_ones_get_a_message_naming_what_we_take():
+    # JAX 0.12's reduced= (and unreduced_kind=) have no meaning here yet: say so, not Python's generic
+    # "unexpected keyword argument"; a TypeError all the same, so code catching that still does
+    with pytest.raises(TypeError, match=r"^`PartitionSpec` requires axis entries and the keyword unreduced= only "
+                                        r"\(JAX 0\.12's reduced= is not supported yet\), but got reduced=\{'tp'\}; "
+                                        r"valid: unreduced=$"):
+        P("dp", reduced={"tp"})
+    with pytest.raises(TypeError, match=r"JAX 0\.12's unreduced_kind= is not supported yet\), but got "
+                                        r"unreduced_kind='max'"):
+        P(unreduced="tp", unreduced_kind="max")
+    with pytest.raises(TypeError, match=r"^`PartitionSpec` requires axis entries and the keyword unreduced= only, "
+                                        r"but got unreduce=\('tp',\); valid: unreduced=$"):
+        P("dp", unreduce=("tp",))
+    assert P("dp", unreduced={"tp"}).unreduced == {"tp"}  # the keyword we take still works
+
+
 def test_trailing_nones_count_in_the_rank_a_spec_needs():
     # JAX: P(None) is "only valid for values of rank at least 1", so P(None) != P() (equal specs are
     # interchangeable); on a tensor both fit, they split it the same way
