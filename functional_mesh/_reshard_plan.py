@@ -1,0 +1,791 @@
+"""The pure plan of a reshard across two meshes: who sends which block of the global tensor to whom, and when.
+
+:func:`plan_reshard` takes a source and a destination :class:`~functional_mesh.NamedSharding` (on any
+two meshes: disjoint, overlapping, or the same devices in another order), a global shape and a dtype,
+and returns a :class:`ReshardPlan`: a value that answers, for one rank, what it receives and what it
+sends (:meth:`ReshardPlan.receives`, :meth:`ReshardPlan.sends`), each a tuple of :class:`Move`\\ s.
+
+Everything is computed from the two layouts, never by listing the world:
+
+- per dim, the source pieces that meet a destination block are found by descending the source's
+  nested chunk tree (``torch.chunk``'s rule, the same as :func:`~functional_mesh._sharding.chunk_block`),
+  visiting only the pieces that meet it;
+- a piece held by several source replicas (mesh axes that split no dim) is sent by one of them,
+  picked arithmetically: the receiver's rank among the receivers of that piece, plus an offset per
+  piece, modulo the number of replicas, so the replicas share the sending;
+- with ``relays=True``, the destination's replicas (its mesh axes that split no dim) forward each
+  piece to each other in a doubling tree (stage 1, 2, ...), so the source sends each byte once per
+  distinct destination block; the tree's root is rotated per piece, so the forwarding is shared too.
+
+A destination rank that holds a piece in the source copies it locally (a move to itself) and
+receives it from no one; it still forwards it in the tree. ``bytes_moved`` is then the lower bound:
+what every destination rank needs minus what it already holds.
+
+Examples:
+    >>> import functional_mesh as fm
+    >>> src = fm.NamedSharding(fm.make_mesh((2,), ("tp",)), fm.P("tp"))
+    >>> dst = fm.NamedSharding(fm.make_mesh((2,), ("dp",), devices=range(2, 4)), fm.P())
+    >>> plan = fm.plan_reshard(src, dst, (4,), "float32")
+    >>> plan.receives(3)
+    (Move(0 -> 3, [0:2], stage 0, 8 bytes), Move(1 -> 3, [2:4], stage 0, 8 bytes))
+    >>> plan.bytes_moved, plan.max_send_bytes, plan.stages
+    (32, 16, 2)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import _layout as L
+from ._errors import MeshError, requires
+from ._mesh import axis_layouts
+from ._sharding import NamedSharding, global_shape_of
+from ._validate import Frozen, as_bool, as_int
+
+__all__ = ["Move", "ReshardPlan", "ShapeDtypeStruct", "itemsize_of", "plan_reshard"]
+
+# Bytes per element of the dtypes named by string (torch's names; "torch.float32" reads as "float32").
+_ITEMSIZE = {
+    "bool": 1, "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1, "int16": 2, "uint16": 2, "float16": 2, "half": 2, "bfloat16": 2,
+    "int32": 4, "uint32": 4, "float32": 4, "float": 4, "int64": 8, "uint64": 8, "long": 8,
+    "float64": 8, "double": 8, "complex64": 8, "complex128": 16,
+}
+
+
+def itemsize_of(api: str, dtype: object) -> int:
+    """Bytes per element of ``dtype``: an object with an int ``.itemsize`` (a torch or numpy dtype) or a name."""
+    if isinstance(dtype, str):
+        size = _ITEMSIZE.get(dtype.removeprefix("torch."))
+        if size is None:
+            raise MeshError(requires(api, "a known dtype name", "dtype", dtype, ", ".join(_ITEMSIZE)))
+        return size
+    size = getattr(dtype, "itemsize", None)
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise TypeError(requires(api, "a dtype with an int .itemsize (a torch dtype) or a dtype name such as "
+                                      "'bfloat16'", "dtype", dtype))
+    if size < 1:
+        raise MeshError(requires(api, "a dtype of at least one byte per element", "dtype.itemsize", size))
+    return size
+
+
+# -- one dim: the nested chunk tree (torch.chunk's rule, major axis first) ------------------------------
+
+def _chunk(n: int, sizes: tuple[int, ...], idx: tuple[int, ...]) -> tuple[int, int]:
+    """``[start, stop)`` of the leaf ``idx`` (one index per axis) of ``[0, n)`` split by ``sizes``."""
+    start, length = 0, n
+    for size, i in zip(sizes, idx, strict=True):
+        piece = -(-length // size) if length else 0
+        lo = min(i * piece, length)
+        start, length = start + lo, min(piece, length - lo)
+    return start, start + length
+
+
+def _leaves(n: int, sizes: tuple[int, ...], lo: int, hi: int) -> list[tuple[tuple[int, ...], int, int]]:
+    """The non-empty leaves that meet ``[lo, hi)``, in position order: ``(idx, start, stop)``; only those are visited."""
+    out: list[tuple[tuple[int, ...], int, int]] = []
+    depth = len(sizes)
+
+    def walk(level: int, start: int, length: int, idx: tuple[int, ...]) -> None:
+        if level == depth:
+            out.append((idx, start, start + length))
+            return
+        piece = -(-length // sizes[level])
+        first = max(0, (lo - start) // piece)
+        last = min(sizes[level] - 1, (hi - 1 - start) // piece)
+        for i in range(first, last + 1):
+            at = i * piece
+            if at >= length:
+                break
+            walk(level + 1, start + at, min(piece, length - at), idx + (i,))
+
+    if lo < hi and n > 0:
+        walk(0, 0, n, ())
+    return out
+
+
+def _nonempty(length: int, sizes: tuple[int, ...], level: int) -> int:
+    """How many non-empty leaves a node of ``length`` at ``level`` has (its children: equal but the last)."""
+    if length == 0:
+        return 0
+    if level == len(sizes):
+        return 1
+    piece = -(-length // sizes[level])
+    k = -(-length // piece)
+    return (k - 1) * _nonempty(piece, sizes, level + 1) + _nonempty(length - piece * (k - 1), sizes, level + 1)
+
+
+def _count_before(n: int, sizes: tuple[int, ...], x: int) -> int:
+    """How many non-empty leaves end at or before ``x``: one path down the tree, O(depth²)."""
+    count, start, length = 0, 0, n
+    for level, size in enumerate(sizes):
+        if length == 0 or x <= start:
+            return count
+        if x >= start + length:
+            return count + _nonempty(length, sizes, level)
+        piece = -(-length // size)
+        f = (x - start) // piece  # the child holding x; the ones before it are all full-size
+        count += f * _nonempty(piece, sizes, level + 1)
+        start, length = start + f * piece, min(piece, length - f * piece)
+    return count + (1 if length and start + length <= x else 0)
+
+
+def _linear(idx: tuple[int, ...], sizes: tuple[int, ...]) -> int:
+    value = 0
+    for i, s in zip(idx, sizes, strict=True):
+        value = value * s + i
+    return value
+
+
+# -- one side of the plan: a sharding read as split and replica coordinates -----------------------------
+
+class _Side:
+    """A sharding's layout, read once: per dim the mesh axes that split it, and the replica axes."""
+
+    __slots__ = ("mesh", "dims", "sizes", "replica_axes", "replica_sizes", "replicas", "modes", "devices",
+                 "ndim_mesh")
+
+    def __init__(self, sharding: NamedSharding, ndim: int) -> None:
+        mesh = sharding.mesh
+        position = {n: i for i, n in enumerate(mesh.axis_names)}
+        axis_sizes = mesh.axis_sizes
+        self.mesh = mesh
+        self.dims = tuple(tuple(position[a] for a in sharding.spec.axes_of(d)) for d in range(ndim))
+        self.sizes = tuple(tuple(axis_sizes[p] for p in axes) for axes in self.dims)
+        split = {p for axes in self.dims for p in axes}
+        self.replica_axes = tuple(i for i in range(mesh.ndim) if i not in split)
+        self.replica_sizes = tuple(axis_sizes[i] for i in self.replica_axes)
+        self.replicas = math.prod(self.replica_sizes)
+        self.modes = tuple(lay.modes for lay in axis_layouts(mesh))
+        self.devices = mesh.device_list
+        self.ndim_mesh = mesh.ndim
+
+    def split(self, coord: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(coord[p] for p in axes) for axes in self.dims)
+
+    def replica(self, coord: tuple[int, ...]) -> int:
+        value = 0
+        for p, s in zip(self.replica_axes, self.replica_sizes, strict=True):
+            value = value * s + coord[p]
+        return value
+
+    def rank_of(self, split: tuple[tuple[int, ...], ...], replica: int) -> int:
+        """The global rank at split coordinates ``split`` and replica index ``replica``: O(axes)."""
+        coord = [0] * self.ndim_mesh
+        for axes, idx in zip(self.dims, split, strict=True):
+            for p, i in zip(axes, idx, strict=True):
+                coord[p] = i
+        for p, s in zip(reversed(self.replica_axes), reversed(self.replica_sizes), strict=True):
+            replica, coord[p] = divmod(replica, s)
+        return self.devices[sum(L.modes_value(m, c) for m, c in zip(self.modes, coord, strict=True))]
+
+    def block(self, shape: tuple[int, ...], split: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:
+        return [_chunk(n, sizes, idx) for n, sizes, idx in zip(shape, self.sizes, split, strict=True)]
+
+    def piece_offset(self, split: tuple[tuple[int, ...], ...]) -> int:
+        value = 0
+        for idx, sizes in zip(split, self.sizes, strict=True):
+            value = value * math.prod(sizes) + _linear(idx, sizes)
+        return value
+
+
+def _bounds(devices) -> tuple[int, int]:
+    """The smallest and largest rank of a non-empty device list: O(1) for a range."""
+    if devices.is_symbolic:
+        a, b = devices[0], devices[len(devices) - 1]
+        return min(a, b), max(a, b)
+    array = devices.to_array()
+    return int(array.min()), int(array.max())
+
+
+def _common_ranks(a, b) -> np.ndarray:
+    """The ranks in both device lists: O(1) when their spans are apart, else O(the smaller list)."""
+    (alo, ahi), (blo, bhi) = _bounds(a), _bounds(b)
+    if ahi < blo or bhi < alo:
+        return np.zeros(0, dtype=np.int64)
+    small, large = (a, b) if len(a) <= len(b) else (b, a)
+    ranks = small.to_array()
+    ranks = ranks[(ranks >= max(alo, blo)) & (ranks <= min(ahi, bhi))]
+    if large.is_symbolic and len(large) > 1:
+        start, step = large[0], large[1] - large[0]
+        q, r = np.divmod(ranks - start, step)
+        return ranks[(r == 0) & (q >= 0) & (q < len(large))]
+    return ranks[np.isin(ranks, large.to_array())]
+
+
+class Move(Frozen):
+    """One message of a plan: ``src_rank`` sends the block ``index`` of the global tensor to ``dst_rank``.
+
+    A frozen value. ``stage`` 0: the sender holds the block in the source sharding; ``stage`` k > 0:
+    a relay, the sender received it in a stage before k. ``src_rank == dst_rank`` is a local copy.
+
+    Args:
+        src_rank: the sending global rank.
+        dst_rank: the receiving global rank.
+        index: one ``slice(start, stop)`` of the global tensor per dim (step ``None``).
+        stage: the stage it runs in, from 0.
+        nbytes: its size in bytes.
+
+    Raises:
+        MeshError: a negative rank, stage or size, or a slice with a step or ``stop < start``.
+        TypeError: arguments of other types.
+
+    Examples:
+        >>> m = Move(0, 4, (slice(0, 2), slice(0, 8)), 0, 64)
+        >>> m, m.key
+        (Move(0 -> 4, [0:2, 0:8], stage 0, 64 bytes), (0, 0, 4, (0, 0)))
+    """
+
+    __slots__ = ("src_rank", "dst_rank", "index", "stage", "nbytes", "key")
+    src_rank: int
+    dst_rank: int
+    index: tuple[slice, ...]
+    stage: int
+    nbytes: int
+    key: tuple  # (stage, src_rank, dst_rank, index starts): the one order of receives, sends and moves
+
+    def __init__(self, src_rank: int, dst_rank: int, index: Sequence[slice], stage: int, nbytes: int) -> None:
+        api = "Move"
+        values = [as_int(api, name, v) for name, v in
+                  (("src_rank", src_rank), ("dst_rank", dst_rank), ("stage", stage), ("nbytes", nbytes))]
+        for name, v in zip(("src_rank", "dst_rank", "stage", "nbytes"), values, strict=True):
+            if v < 0:
+                raise MeshError(requires(api, f"a non-negative {name}", name, v))
+        if not isinstance(index, (tuple, list)) or not all(isinstance(s, slice) for s in index):
+            raise TypeError(requires(api, "a tuple of slices for index", "index", index))
+        for s in index:
+            if s.step is not None or not isinstance(s.start, int) or not isinstance(s.stop, int) \
+                    or not 0 <= s.start <= s.stop:
+                raise MeshError(requires(api, "slices slice(start, stop) with 0 <= start <= stop", "index", index))
+        self._set(values[0], values[1], tuple(index), values[2], values[3])
+
+    @classmethod
+    def _make(cls, src: int, dst: int, index: tuple[slice, ...], stage: int, nbytes: int) -> Move:
+        self = object.__new__(cls)
+        self._set(src, dst, index, stage, nbytes)
+        return self
+
+    def _set(self, src: int, dst: int, index: tuple[slice, ...], stage: int, nbytes: int) -> None:
+        for name, value in (("src_rank", src), ("dst_rank", dst), ("index", index), ("stage", stage),
+                            ("nbytes", nbytes), ("key", (stage, src, dst, tuple(s.start for s in index)))):
+            object.__setattr__(self, name, value)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Move):
+            return NotImplemented
+        return self.key == other.key and self.index == other.index and self.nbytes == other.nbytes
+
+    def __hash__(self) -> int:
+        return hash((self.key, tuple(s.stop for s in self.index), self.nbytes))
+
+    def __reduce__(self):
+        return (Move, (self.src_rank, self.dst_rank, self.index, self.stage, self.nbytes))
+
+    def __repr__(self) -> str:
+        where = ", ".join(f"{s.start}:{s.stop}" for s in self.index)
+        return f"Move({self.src_rank} -> {self.dst_rank}, [{where}], stage {self.stage}, {self.nbytes} bytes)"
+
+
+def _key(move: Move) -> tuple:
+    return move.key
+
+
+class ReshardPlan(Frozen):
+    """Who sends which block to whom, in which stage, to turn sharding ``src`` into ``dst``; from :func:`plan_reshard`.
+
+    A frozen value; one rank's answers (:meth:`receives`, :meth:`sends`) are computed on demand from
+    the two layouts, in time that does not grow with the world. :attr:`moves` (every move) and
+    :attr:`max_send_bytes` list the plan once and keep it.
+
+    Attributes:
+        src: the source ``NamedSharding``.
+        dst: the destination ``NamedSharding``.
+        shape: the global shape.
+        dtype: the dtype as given.
+        itemsize: bytes per element.
+        relays: whether destination replicas forward to each other (stages 1, 2, ...).
+
+    Examples:
+        >>> import functional_mesh as fm
+        >>> src = fm.NamedSharding(fm.make_mesh((2, 2), ("dp", "tp")), fm.P(None, "tp"))
+        >>> dst = fm.NamedSharding(fm.make_mesh((4,), ("tp",), devices=range(4, 8)), fm.P(None, "tp"))
+        >>> plan = fm.plan_reshard(src, dst, (8, 8), "float32")
+        >>> plan.receives(6)
+        (Move(1 -> 6, [0:8, 4:6], stage 0, 64 bytes),)
+        >>> plan.sends(3)
+        (Move(3 -> 7, [0:8, 6:8], stage 0, 64 bytes),)
+    """
+
+    __slots__ = ("src", "dst", "shape", "dtype", "itemsize", "relays", "_s", "_d", "_levels", "_apart", "_cache")
+    src: NamedSharding
+    dst: NamedSharding
+    shape: tuple[int, ...]
+    dtype: object
+    itemsize: int
+    relays: bool
+
+    def __init__(self, src: NamedSharding, dst: NamedSharding, shape: tuple[int, ...], dtype: object,
+                 itemsize: int, relays: bool) -> None:  # plan_reshard validates
+        s, d = _Side(src, len(shape)), _Side(dst, len(shape))
+        (alo, ahi), (blo, bhi) = _bounds(s.devices), _bounds(d.devices)
+        for name, value in (("src", src), ("dst", dst), ("shape", shape), ("dtype", dtype), ("itemsize", itemsize),
+                            ("relays", relays), ("_s", s), ("_d", d),
+                            ("_levels", (d.replicas - 1).bit_length() if relays else 0),
+                            ("_apart", ahi < blo or bhi < alo), ("_cache", {})):
+            object.__setattr__(self, name, value)
+
+    # -- the plan's size ---------------------------------------------------------------------------------
+
+    @property
+    def stages(self) -> int:
+        """The number of stages: 1 + ceil(log2(destination replicas)) with relays, else 1; 0 for an empty tensor.
+
+        A stage may carry no move (every replica of a block already holds a piece, say)."""
+        return 0 if math.prod(self.shape) == 0 else 1 + self._levels
+
+    @property
+    def src_ranks(self):
+        """The source's device list (a ``DeviceList``: ``len``, ``index_of``, never listed); see :meth:`in_src`."""
+        return self._s.devices
+
+    @property
+    def dst_ranks(self):
+        """The destination's device list (a ``DeviceList``); see :meth:`in_dst`."""
+        return self._d.devices
+
+    def in_src(self, rank: int) -> bool:
+        """Whether ``rank`` is a device of the source mesh: O(1) for a range of devices.
+
+        Args:
+            rank: a global rank.
+
+        Returns:
+            True when the source mesh holds ``rank``.
+
+        Raises:
+            MeshError: a negative rank.
+            TypeError: a rank that is not an int.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> sh = fm.NamedSharding(fm.make_mesh((2,), ("x",)), fm.P())
+            >>> plan = fm.plan_reshard(sh, fm.NamedSharding(fm.make_mesh((2,), ("x",), devices=[5, 4]), fm.P()), (2,), "int8")
+            >>> plan.in_src(1), plan.in_dst(1), plan.in_dst(5)
+            (True, False, True)
+        """
+        return self._s.devices.index_of(self._rank("ReshardPlan.in_src", rank)) is not None
+
+    def in_dst(self, rank: int) -> bool:
+        """Whether ``rank`` is a device of the destination mesh: O(1) for a range of devices.
+
+        Args:
+            rank: a global rank.
+
+        Returns:
+            True when the destination mesh holds ``rank``.
+
+        Raises:
+            MeshError: a negative rank.
+            TypeError: a rank that is not an int.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> sh = fm.NamedSharding(fm.make_mesh((2,), ("x",)), fm.P())
+            >>> fm.plan_reshard(sh, sh, (2,), "int8").in_dst(2)
+            False
+        """
+        return self._d.devices.index_of(self._rank("ReshardPlan.in_dst", rank)) is not None
+
+    @staticmethod
+    def _rank(api: str, rank: object) -> int:
+        rank = as_int(api, "rank", rank)
+        if rank < 0:
+            raise MeshError(requires(api, "a non-negative global rank", "rank", rank))
+        return rank
+
+    # -- arithmetic shared by both directions ------------------------------------------------------------
+
+    def _held(self, rank: int) -> tuple[tuple[int, ...], ...] | None:
+        """The source split coordinates of the piece ``rank`` holds, or None when it is no source rank."""
+        if self._apart:  # asked of destination ranks only, none of which is then a source rank
+            return None
+        coord = self._s.mesh.coordinate(rank)
+        return None if coord is None else self._s.split(coord)
+
+    def _holds(self, rank: int, piece: tuple[tuple[int, ...], ...]) -> bool:
+        return not self._apart and self._held(rank) == piece
+
+    def _unit(self, block_split: tuple[tuple[int, ...], ...], block: list[tuple[int, int]],
+              piece: list[tuple[int, int]]) -> int:
+        """The destination block's rank among the blocks that meet the piece, summed over dims."""
+        d = self._d
+        return sum(_count_before(n, sizes, b0) - _count_before(n, sizes, p0)
+                   for n, sizes, (b0, _), (p0, _) in zip(self.shape, d.sizes, block, piece, strict=True))
+
+    def _rotation(self, block: list[tuple[int, int]], piece: list[tuple[int, int]]) -> int:
+        """The piece's rank among the source pieces that meet the block, summed over dims: the tree's root."""
+        s = self._s
+        return sum(_count_before(n, sizes, p0) - _count_before(n, sizes, b0)
+                   for n, sizes, (b0, _), (p0, _) in zip(self.shape, s.sizes, block, piece, strict=True))
+
+    def _source_holder(self, piece: tuple[tuple[int, ...], ...], unit: int) -> int:
+        s = self._s
+        return s.rank_of(piece, (unit + s.piece_offset(piece)) % s.replicas)
+
+    def _move(self, src: int, dst: int, a: list[tuple[int, int]], b: list[tuple[int, int]], stage: int) -> Move:
+        index = tuple(slice(max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b, strict=True))
+        return Move._make(src, dst, index, stage, math.prod(s.stop - s.start for s in index) * self.itemsize)
+
+    # -- one rank's moves --------------------------------------------------------------------------------
+
+    def receives(self, rank: int) -> tuple[Move, ...]:
+        """What ``rank`` receives, local copies included, in the canonical order of :attr:`Move.key`.
+
+        O(pieces received), whatever the world size.
+
+        Args:
+            rank: a global rank (one of neither mesh receives nothing).
+
+        Returns:
+            The moves whose ``dst_rank`` is ``rank``, sorted by ``(stage, src_rank, dst_rank, index starts)``.
+
+        Raises:
+            MeshError: a negative rank.
+            TypeError: a rank that is not an int.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> mesh = fm.make_mesh((2,), ("x",))
+            >>> plan = fm.plan_reshard(fm.NamedSharding(mesh, fm.P("x")), fm.NamedSharding(mesh, fm.P()), (4,), "int8")
+            >>> plan.receives(1)
+            (Move(0 -> 1, [0:2], stage 0, 2 bytes), Move(1 -> 1, [2:4], stage 0, 2 bytes))
+        """
+        rank = self._rank("ReshardPlan.receives", rank)
+        d, s, shape = self._d, self._s, self.shape
+        coord = d.mesh.coordinate(rank)
+        if coord is None:
+            return ()
+        b, j = d.split(coord), d.replica(coord)
+        block = d.block(shape, b)
+        if any(lo == hi for lo, hi in block):
+            return ()
+        held = self._held(rank)
+        tree = self.relays and d.replicas > 1
+        out = []
+        per_dim = [_leaves(n, sizes, lo, hi) for n, sizes, (lo, hi) in zip(shape, s.sizes, block, strict=True)]
+        for combo in itertools.product(*per_dim):
+            piece = tuple(leaf[0] for leaf in combo)
+            bounds = [(lo, hi) for _, lo, hi in combo]
+            if piece == held:
+                out.append(self._move(rank, rank, block, bounds, 0))
+                continue
+            if tree:
+                k = self._rotation(block, bounds)
+                at = (j - k) % d.replicas
+                if at:
+                    stage = at.bit_length()
+                    parent = d.rank_of(b, (at - (1 << (stage - 1)) + k) % d.replicas)
+                    out.append(self._move(parent, rank, block, bounds, stage))
+                    continue
+                unit = self._unit(b, block, bounds)
+            else:
+                unit = self._unit(b, block, bounds) * d.replicas + j
+            out.append(self._move(self._source_holder(piece, unit), rank, block, bounds, 0))
+        out.sort(key=_key)
+        return tuple(out)
+
+    def sends(self, rank: int) -> tuple[Move, ...]:
+        """What ``rank`` sends, local copies included, in the canonical order of :attr:`Move.key`.
+
+        Filtering ``sends(a)`` by ``dst_rank == b`` gives the moves of ``receives(b)`` from ``a``, in the
+        same order. O(moves sent), whatever the world size.
+
+        Args:
+            rank: a global rank (one of neither mesh sends nothing).
+
+        Returns:
+            The moves whose ``src_rank`` is ``rank``: its source block (stage 0) and, with relays, what it
+            forwards (stages 1, 2, ...), sorted by ``(stage, src_rank, dst_rank, index starts)``.
+
+        Raises:
+            MeshError: a negative rank.
+            TypeError: a rank that is not an int.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> src = fm.NamedSharding(fm.make_mesh((1,), ("x",)), fm.P())
+            >>> dst = fm.NamedSharding(fm.make_mesh((4,), ("dp",), devices=range(1, 5)), fm.P())
+            >>> plan = fm.plan_reshard(src, dst, (2,), "int8")
+            >>> plan.sends(0), plan.sends(1)
+            ((Move(0 -> 1, [0:2], stage 0, 2 bytes),), (Move(1 -> 2, [0:2], stage 1, 2 bytes), Move(1 -> 3, [0:2], stage 2, 2 bytes)))
+        """
+        rank = self._rank("ReshardPlan.sends", rank)
+        out = self._sends_as_source(rank) + self._sends_as_relay(rank)
+        out.sort(key=_key)
+        return tuple(out)
+
+    def _sends_as_source(self, rank: int) -> list[Move]:
+        d, s, shape = self._d, self._s, self.shape
+        coord = s.mesh.coordinate(rank)
+        if coord is None:
+            return []
+        piece, r = s.split(coord), s.replica(coord)
+        bounds = s.block(shape, piece)
+        if any(lo == hi for lo, hi in bounds):
+            return []
+        out = []
+        dcoord = None if self._apart else d.mesh.coordinate(rank)
+        if dcoord is not None:  # the local copy of what this rank holds of its own destination block
+            block = d.block(shape, d.split(dcoord))
+            if all(max(a0, b0) < min(a1, b1) for (a0, a1), (b0, b1) in zip(block, bounds, strict=True)):
+                out.append(self._move(rank, rank, block, bounds, 0))
+        per_dim = [_leaves(n, sizes, lo, hi) for n, sizes, (lo, hi) in zip(shape, d.sizes, bounds, strict=True)]
+        target = (r - s.piece_offset(piece)) % s.replicas
+        tree = self.relays
+        for head in itertools.product(*[enumerate(x) for x in per_dim[:-1]]):
+            base = sum(i for i, _ in head)
+            last = per_dim[-1] if per_dim else [((), 0, 0)]
+            if tree:  # units are blocks: unit = base + i of the last dim
+                picks = [(i, 0) for i in range((target - base) % s.replicas, len(last), s.replicas)]
+            else:  # units are (block, replica j): unit = (base + i) * R_d + j
+                picks = [(i, j) for i in range(len(last))
+                         for j in range((target - (base + i) * d.replicas) % s.replicas, d.replicas, s.replicas)]
+            for i, j in picks:
+                leaves = [leaf for _, leaf in head] + ([last[i]] if per_dim else [])
+                b = tuple(leaf[0] for leaf in leaves)
+                block = [(lo, hi) for _, lo, hi in leaves]
+                if tree and d.replicas > 1:
+                    j = self._rotation(block, bounds) % d.replicas
+                receiver = d.rank_of(b, j)
+                if receiver != rank and not self._holds(receiver, piece):
+                    out.append(self._move(rank, receiver, block, bounds, 0))
+        return out
+
+    def _sends_as_relay(self, rank: int) -> list[Move]:
+        d, s, shape = self._d, self._s, self.shape
+        if not self.relays or d.replicas == 1:
+            return []
+        coord = d.mesh.coordinate(rank)
+        if coord is None:
+            return []
+        b, j = d.split(coord), d.replica(coord)
+        block = d.block(shape, b)
+        if any(lo == hi for lo, hi in block):
+            return []
+        out = []
+        per_dim = [_leaves(n, sizes, lo, hi) for n, sizes, (lo, hi) in zip(shape, s.sizes, block, strict=True)]
+        for combo in itertools.product(*per_dim):
+            piece = tuple(leaf[0] for leaf in combo)
+            bounds = [(lo, hi) for _, lo, hi in combo]
+            k = self._rotation(block, bounds)
+            at = (j - k) % d.replicas
+            for stage in range(at.bit_length() + 1, self._levels + 1):
+                child = at + (1 << (stage - 1))
+                if child >= d.replicas:
+                    break
+                receiver = d.rank_of(b, (child + k) % d.replicas)
+                if not self._holds(receiver, piece):
+                    out.append(self._move(rank, receiver, block, bounds, stage))
+        return out
+
+    # -- the whole plan ----------------------------------------------------------------------------------
+
+    @property
+    def moves(self) -> tuple[Move, ...]:
+        """Every move, in execution order (sorted by :attr:`Move.key`: stage first). Lists every destination
+        rank once; computed on first use and kept."""
+        if "moves" not in self._cache:
+            out = [m for rank in self._d.devices.to_array().tolist() for m in self.receives(rank)]
+            out.sort(key=_key)
+            self._cache["moves"] = tuple(out)
+        return self._cache["moves"]
+
+    @property
+    def bytes_moved(self) -> int:
+        """Bytes the destination ranks receive from other ranks: every destination block, minus what its rank
+        holds in the source (the lower bound; relays do not change it).
+
+        Arithmetic on the layouts; only the ranks of both meshes are visited (none when their devices are
+        apart)."""
+        if "bytes_moved" not in self._cache:
+            total = self._d.replicas * math.prod(self.shape)  # the destination blocks tile the tensor
+            local = 0
+            for rank in _common_ranks(self._s.devices, self._d.devices).tolist():
+                mine = self._d.block(self.shape, self._d.split(self._d.mesh.coordinate(rank)))
+                held = self._s.block(self.shape, self._s.split(self._s.mesh.coordinate(rank)))
+                local += math.prod(max(0, min(a1, b1) - max(a0, b0))
+                                   for (a0, a1), (b0, b1) in zip(mine, held, strict=True))
+            self._cache["bytes_moved"] = (total - local) * self.itemsize
+        return self._cache["bytes_moved"]
+
+    @property
+    def max_send_bytes(self) -> int:
+        """The busiest sender's bytes, local copies excluded (0 when nothing moves). Read off :attr:`moves`."""
+        if "max_send_bytes" not in self._cache:
+            sent: dict[int, int] = {}
+            for m in self.moves:
+                if m.src_rank != m.dst_rank:
+                    sent[m.src_rank] = sent.get(m.src_rank, 0) + m.nbytes
+            self._cache["max_send_bytes"] = max(sent.values(), default=0)
+        return self._cache["max_send_bytes"]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReshardPlan):
+            return NotImplemented
+        return (self.src, self.dst, self.shape, self.itemsize, self.relays) == \
+            (other.src, other.dst, other.shape, other.itemsize, other.relays)
+
+    def __hash__(self) -> int:
+        return hash((self.src, self.dst, self.shape, self.itemsize, self.relays))
+
+    def __reduce__(self):
+        return (_rebuild_plan, (self.src, self.dst, self.shape, self.dtype, self.relays))
+
+    def __repr__(self) -> str:
+        return (f"ReshardPlan({self.shape} x {self.itemsize} bytes: {self.src.mesh!r} {self.src.spec!r} -> "
+                f"{self.dst.mesh!r} {self.dst.spec!r}, {self.stages} stage{'s' if self.stages != 1 else ''})")
+
+
+def _rebuild_plan(src: NamedSharding, dst: NamedSharding, shape: tuple[int, ...], dtype: object,
+                  relays: bool) -> ReshardPlan:
+    return plan_reshard(src, dst, shape, dtype, relays=relays)
+
+
+def _check_sharding(api: str, name: str, sharding: object) -> NamedSharding:
+    if not isinstance(sharding, NamedSharding):
+        raise TypeError(requires(api, f"a functional_mesh.NamedSharding for {name}", name, sharding))
+    if sharding.spec.unreduced:
+        raise MeshError(requires(api, f"a {name} sharding with no pending sum (reduce first: psum over "
+                                      f"{sorted(sharding.spec.unreduced)})", f"{name}.spec", sharding.spec),
+                        mesh=sharding.mesh)
+    if sharding.mesh.num_groups != 1:
+        raise MeshError(requires(api, f"a {name} mesh of one group (a family such as mesh['tp'] holds one copy "
+                                      "per group: plan each group's reshard on the group's own mesh)",
+                                 f"{name}.mesh", sharding.mesh), mesh=sharding.mesh)
+    return sharding
+
+
+def plan_reshard(src: NamedSharding, dst: NamedSharding, shape: Sequence[int], dtype: object, *,
+                 relays: bool = True) -> ReshardPlan:
+    """The plan that turns a tensor sharded as ``src`` into one sharded as ``dst``, on any two meshes.
+
+    Pure: no torch, no communication. The meshes may be disjoint, overlap, or be the same devices in
+    another order. Uneven dims follow the ``torch.chunk`` rule of :class:`~functional_mesh.NamedSharding`
+    (nested for a tuple of axes). Source replicas share the sending; with ``relays`` the destination
+    replicas forward each piece in a doubling tree, so the source sends each byte once per distinct
+    destination block.
+
+    Args:
+        src: the source sharding (on a mesh of one group; nothing unreduced).
+        dst: the destination sharding (on a mesh of one group; nothing unreduced).
+        shape: the global shape, with at least as many dims as each spec.
+        dtype: a torch dtype, anything with an int ``.itemsize``, or a name such as ``"bfloat16"``.
+        relays: forward among destination replicas (stages 1, 2, ...); ``False``: every move comes from a
+            source holder in stage 0.
+
+    Returns:
+        A :class:`ReshardPlan`.
+
+    Raises:
+        MeshError: an unreduced sharding (reduce first), a family mesh, a shape the specs do not fit, an
+            unknown dtype name.
+        TypeError: a sharding that is not a ``NamedSharding``, a dtype without ``.itemsize``, a shape or
+            ``relays`` of another type.
+
+    Examples:
+        >>> import functional_mesh as fm
+        >>> mesh = fm.make_mesh((2, 2), ("dp", "tp"))
+        >>> plan = fm.plan_reshard(fm.NamedSharding(mesh, fm.P("dp", "tp")), fm.NamedSharding(mesh, fm.P("tp")),
+        ...                        (4, 4), "float32")
+        >>> plan.receives(1)
+        (Move(0 -> 1, [0:2, 0:2], stage 0, 16 bytes), Move(1 -> 1, [0:2, 2:4], stage 0, 16 bytes))
+        >>> plan.bytes_moved, plan.stages
+        (32, 1)
+        >>> fm.plan_reshard(fm.NamedSharding(mesh, fm.P("dp")), fm.NamedSharding(mesh["tp"], fm.P()), (4,), "int8")
+        Traceback (most recent call last):
+        ...
+        functional_mesh.MeshError: `plan_reshard` requires a dst mesh of one group (a family such as mesh['tp']
+        holds one copy per group: plan each group's reshard on the group's own mesh), but got
+        dst.mesh=Mesh(tp=2; 2 groups over devices 0..3)
+    """
+    api = "plan_reshard"
+    src = _check_sharding(api, "src", src)
+    dst = _check_sharding(api, "dst", dst)
+    shape = global_shape_of(src, api, shape)
+    global_shape_of(dst, api, shape)
+    itemsize = itemsize_of(api, dtype)
+    return ReshardPlan(src, dst, shape, dtype, itemsize, as_bool(api, "relays", relays))
+
+
+class ShapeDtypeStruct(Frozen):
+    """A tensor's global shape, dtype and (optionally) sharding, without its data (JAX's name).
+
+    What a rank that holds no part of the source passes to ``fm.reshard`` in place of a tensor. A
+    frozen value; equal fields, equal values.
+
+    Args:
+        shape: the global shape: non-negative ints.
+        dtype: a torch dtype, anything with an int ``.itemsize``, or a dtype name such as ``"bfloat16"``.
+        sharding: a ``NamedSharding`` the shape fits, or ``None``.
+
+    Raises:
+        MeshError: a negative size, a shape the sharding's spec does not fit, an unknown dtype name.
+        TypeError: a shape, dtype or sharding of another type.
+
+    Examples:
+        >>> import functional_mesh as fm
+        >>> sds = fm.ShapeDtypeStruct((8, 4), "bfloat16")
+        >>> sds, sds.itemsize, sds.nbytes
+        (ShapeDtypeStruct(shape=(8, 4), dtype='bfloat16'), 2, 64)
+    """
+
+    __slots__ = ("shape", "dtype", "sharding", "itemsize")
+    shape: tuple[int, ...]
+    dtype: object
+    sharding: NamedSharding | None
+    itemsize: int
+
+    def __init__(self, shape: Sequence[int], dtype: object, sharding: NamedSharding | None = None) -> None:
+        api = "ShapeDtypeStruct"
+        if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+            raise TypeError(requires(api, "a tuple of ints for shape", "shape", shape))
+        dims = tuple(as_int(api, "dim size", n) for n in shape)
+        for i, n in enumerate(dims):
+            if n < 0:
+                raise MeshError(requires(api, "non-negative dim sizes", f"shape[{i}]", n))
+        itemsize = itemsize_of(api, dtype)
+        if sharding is not None:
+            if not isinstance(sharding, NamedSharding):
+                raise TypeError(requires(api, "a NamedSharding or None for sharding", "sharding", sharding))
+            global_shape_of(sharding, api, dims)
+        for name, value in (("shape", dims), ("dtype", dtype), ("sharding", sharding), ("itemsize", itemsize)):
+            object.__setattr__(self, name, value)
+
+    @property
+    def ndim(self) -> int:
+        """The number of dims."""
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """The global tensor's size in bytes."""
+        return math.prod(self.shape) * self.itemsize
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ShapeDtypeStruct):
+            return NotImplemented
+        return (self.shape, self.dtype, self.sharding) == (other.shape, other.dtype, other.sharding)
+
+    def __hash__(self) -> int:
+        return hash((self.shape, self.dtype, self.sharding))
+
+    def __reduce__(self):
+        return (ShapeDtypeStruct, (self.shape, self.dtype, self.sharding))
+
+    def __repr__(self) -> str:
+        tail = f", sharding={self.sharding!r}" if self.sharding is not None else ""
+        return f"ShapeDtypeStruct(shape={self.shape}, dtype={self.dtype!r}{tail})"
