@@ -18,7 +18,7 @@ Everything is computed from the two layouts, never by listing the world:
   distinct destination block; the tree's root is rotated per piece, so the forwarding is shared too.
 
 A destination rank that holds a piece in the source copies it locally (a move to itself) and
-receives it from no one; it still forwards it in the tree. ``bytes_moved`` is then the lower bound:
+receives it from no one; it still forwards it in the tree, in stage 0 (it holds it in the source). ``bytes_moved`` is then the lower bound:
 what every destination rank needs minus what it already holds.
 
 Examples:
@@ -26,10 +26,10 @@ Examples:
     >>> src = fm.NamedSharding(fm.make_mesh((2,), ("tp",)), fm.P("tp"))
     >>> dst = fm.NamedSharding(fm.make_mesh((2,), ("dp",), devices=range(2, 4)), fm.P())
     >>> plan = fm.plan_reshard(src, dst, (4,), "float32")
-    >>> plan.receives(3)
-    (Move(0 -> 3, [0:2], stage 0, 8 bytes), Move(1 -> 3, [2:4], stage 0, 8 bytes))
+    >>> plan.receives(3)          # piece 1 straight from its holder, piece 0 relayed by rank 2
+    (Move(1 -> 3, [2:4], stage 0, 8 bytes), Move(2 -> 3, [0:2], stage 1, 8 bytes))
     >>> plan.bytes_moved, plan.max_send_bytes, plan.stages
-    (32, 16, 2)
+    (32, 8, 2)
 """
 
 from __future__ import annotations
@@ -314,10 +314,10 @@ class ReshardPlan(Frozen):
         >>> src = fm.NamedSharding(fm.make_mesh((2, 2), ("dp", "tp")), fm.P(None, "tp"))
         >>> dst = fm.NamedSharding(fm.make_mesh((4,), ("tp",), devices=range(4, 8)), fm.P(None, "tp"))
         >>> plan = fm.plan_reshard(src, dst, (8, 8), "float32")
-        >>> plan.receives(6)
-        (Move(1 -> 6, [0:8, 4:6], stage 0, 64 bytes),)
-        >>> plan.sends(3)
-        (Move(3 -> 7, [0:8, 6:8], stage 0, 64 bytes),)
+        >>> plan.receives(6)          # columns 4:6 from the second replica of the tp=1 piece
+        (Move(3 -> 6, [0:8, 4:6], stage 0, 64 bytes),)
+        >>> plan.sends(0), plan.sends(2)  # the replicas of the tp=0 piece share its two receivers
+        ((Move(0 -> 4, [0:8, 0:2], stage 0, 64 bytes),), (Move(2 -> 5, [0:8, 2:4], stage 0, 64 bytes),))
     """
 
     __slots__ = ("src", "dst", "shape", "dtype", "itemsize", "relays", "_s", "_d", "_levels", "_apart", "_cache")
@@ -461,7 +461,7 @@ class ReshardPlan(Frozen):
             >>> import functional_mesh as fm
             >>> mesh = fm.make_mesh((2,), ("x",))
             >>> plan = fm.plan_reshard(fm.NamedSharding(mesh, fm.P("x")), fm.NamedSharding(mesh, fm.P()), (4,), "int8")
-            >>> plan.receives(1)
+            >>> plan.receives(1)          # its own half is a local copy
             (Move(0 -> 1, [0:2], stage 0, 2 bytes), Move(1 -> 1, [2:4], stage 0, 2 bytes))
         """
         rank = self._rank("ReshardPlan.receives", rank)
@@ -489,7 +489,8 @@ class ReshardPlan(Frozen):
                 if at:
                     stage = at.bit_length()
                     parent = d.rank_of(b, (at - (1 << (stage - 1)) + k) % d.replicas)
-                    out.append(self._move(parent, rank, block, bounds, stage))
+                    # a parent that holds the piece in the source sends it in stage 0
+                    out.append(self._move(parent, rank, block, bounds, 0 if self._holds(parent, piece) else stage))
                     continue
                 unit = self._unit(b, block, bounds)
             else:
@@ -583,13 +584,14 @@ class ReshardPlan(Frozen):
             bounds = [(lo, hi) for _, lo, hi in combo]
             k = self._rotation(block, bounds)
             at = (j - k) % d.replicas
+            mine = self._holds(rank, piece)  # then it sends in stage 0, as a source holder
             for stage in range(at.bit_length() + 1, self._levels + 1):
                 child = at + (1 << (stage - 1))
                 if child >= d.replicas:
                     break
                 receiver = d.rank_of(b, (child + k) % d.replicas)
                 if not self._holds(receiver, piece):
-                    out.append(self._move(rank, receiver, block, bounds, stage))
+                    out.append(self._move(rank, receiver, block, bounds, 0 if mine else stage))
         return out
 
     # -- the whole plan ----------------------------------------------------------------------------------
@@ -701,10 +703,10 @@ def plan_reshard(src: NamedSharding, dst: NamedSharding, shape: Sequence[int], d
         >>> mesh = fm.make_mesh((2, 2), ("dp", "tp"))
         >>> plan = fm.plan_reshard(fm.NamedSharding(mesh, fm.P("dp", "tp")), fm.NamedSharding(mesh, fm.P("tp")),
         ...                        (4, 4), "float32")
-        >>> plan.receives(1)
-        (Move(0 -> 1, [0:2, 0:2], stage 0, 16 bytes), Move(1 -> 1, [0:2, 2:4], stage 0, 16 bytes))
+        >>> plan.receives(1)          # rows 2:4; rank 1 holds none of them
+        (Move(2 -> 1, [2:4, 0:2], stage 0, 16 bytes), Move(3 -> 1, [2:4, 2:4], stage 0, 16 bytes))
         >>> plan.bytes_moved, plan.stages
-        (32, 1)
+        (96, 2)
         >>> fm.plan_reshard(fm.NamedSharding(mesh, fm.P("dp")), fm.NamedSharding(mesh["tp"], fm.P()), (4,), "int8")
         Traceback (most recent call last):
         ...
