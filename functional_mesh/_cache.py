@@ -19,7 +19,11 @@ reached by different paths share groups. A group's whole life is here:
   enters the cache: it is neither destroyed nor aborted here;
 - destroyed: :func:`clear_cache`;
 - aborted: :func:`abort_all` (``fm.abort``), or only those holding given ranks
-  (:func:`abort_holding`, ``fm.abort(ranks=...)``): every other group stays cached and is reused.
+  (:func:`abort_holding`, ``fm.abort(ranks=...)``): every other group stays cached and is reused;
+- retired on failure: a group on which a collective raised (:func:`retire_failed`) leaves the
+  cache at once and is aborted (the default group is only flagged: it is the job's), and a mark
+  in the default store tells its other members, who drop it at their next checked realize
+  (:func:`read_failures`, after the check: every member's marks are written by then).
 
 ``epoch`` counts :func:`clear_cache` and :func:`abort_all` calls: a realized mesh from an older
 epoch refuses to be used, and ``ended`` says how its groups ended. Inspect the cache with
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import json
 import threading
 import weakref
 from collections.abc import Sequence
@@ -43,12 +48,15 @@ from . import _torch
 from ._agree import restart_numbering
 from ._errors import MeshError
 from ._mesh import Mesh
-from ._realize_plan import AxisSettings, InitPlan, creation_method
+from ._realize_plan import INIT_TIMEOUT_ENV, AxisSettings, InitPlan, creation_method
 
 __all__ = ["CACHE", "CacheInfo", "Family", "GroupCache", "Realized", "Request", "abort_all", "abort_holding",
-           "cache_info", "clear_cache", "init_default"]
+           "cache_info", "clear_cache", "init_default", "read_failures", "retire_failed"]
 
 _ABORT_LOCK_WAIT_S = 1.0  # abort waits this long for a realize call in progress, then goes ahead
+# Failure marks in the default store: the counter holds how many there are, ``<prefix>/<i>`` the
+# i-th (1-based), a JSON list of the failed group's cache keys ([members, settings key]).
+_FAILED_PREFIX = "functional_mesh/failed"
 
 
 class CacheInfo(NamedTuple):
@@ -197,10 +205,11 @@ class _Making:
         if not missing:
             return
         default = _torch.default_group()
-        borrow = settings.pg_options is None and settings.timeout in (None, _torch.group_timeout(default,
-                                                                                                  request.device_type))
+        usable = not self.default_failed(default)  # a collective failed on it: neither borrowed nor split
+        borrow = usable and settings.pg_options is None and settings.timeout in (
+            None, _torch.group_timeout(default, request.device_type))
         method = creation_method(missing, request.world, request.default_backend, settings.backend,
-                                 _torch.can_split(default), borrow)
+                                 usable and _torch.can_split(default), borrow)
         kwargs: dict[str, Any] = {"timeout": settings.timeout, "group_desc": f"mesh_{label}",
                                   "pg_options": settings.pg_options}
         if method == "default":
@@ -243,7 +252,8 @@ class _Making:
         if found is not None:
             return found
         default = _torch.default_group()
-        if (row == tuple(range(request.world)) and settings.backend == request.default_backend.lower()
+        if (row == tuple(range(request.world)) and not self.default_failed(default)
+                and settings.backend == request.default_backend.lower()
                 and settings.pg_options is None
                 and settings.timeout in (None, _torch.group_timeout(default, request.device_type))):
             self.local[key] = default  # the whole world, in order: the default group (no call)
@@ -320,11 +330,48 @@ class _Ending:
 
 
 
-class GroupCache(_Lookup, _Making, _Ending):
+class _Failing:
+    """A part of :class:`GroupCache`: groups on which a collective failed, dropped from the cache
+    (here, or on another member that marked them in the store) so that no realize hands them out
+    again; the next realize over those ranks makes a new group, by the same rules as any miss."""
+
+    def keys_of(self, pg: Any) -> list[tuple]:
+        """The cache keys (members, settings key) under which ``pg`` is held, world and members-only."""
+        return [k for table in (self.groups, self.local) for k, v in table.items() if v is pg]
+
+    def retire(self, keys: Sequence[tuple], failed: Any = None) -> list[Any]:
+        """Forget the groups under ``keys`` (this rank's, or ``None`` where it is not a member) and
+        every axis lookup; return the groups realize made among them, for the caller to abort.
+
+        ``failed``: the group that failed here, when it is the default group (borrowed by an axis):
+        it is flagged, never aborted, and realize neither borrows nor splits it again.
+        """
+        wanted = set(keys)
+        gone = [pg for table in (self.groups, self.local) for k, pg in table.items() if k in wanted and pg is not None]
+        if failed is not None:
+            self.failed_default = weakref.ref(failed)
+        if not wanted & (self.groups.keys() | self.local.keys()):
+            return []
+        self.groups = {k: pg for k, pg in self.groups.items() if k not in wanted}
+        self.local = {k: pg for k, pg in self.local.items() if k not in wanted}
+        self.axes = {}  # an axis with a retired row is looked up again, row by row, on every rank alike
+        ours = [pg for pg in self.created if any(pg is g for g in gone)]
+        self.created = [pg for pg in self.created if not any(pg is g for g in gone)]
+        for pg in ours:
+            self.labels.pop(pg, None)
+        return ours
+
+    def default_failed(self, default: Any) -> bool:
+        """Whether a collective failed on the job's default group (this one, not an earlier job's)."""
+        return self.failed_default is not None and self.failed_default() is default
+
+
+class GroupCache(_Lookup, _Making, _Ending, _Failing):
     """Every group realize made, by axis key and by ordered member tuple; one per process (``CACHE``).
 
     Its fields are the bookkeeping; its parts look groups up (:class:`_Lookup`), make the missing
-    ones (:class:`_Making`) and forget them when they end (:class:`_Ending`)."""
+    ones (:class:`_Making`), forget them when they end (:class:`_Ending`) and when a collective
+    on one fails (:class:`_Failing`)."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -349,6 +396,10 @@ class GroupCache(_Lookup, _Making, _Ending):
         # destroyed or aborted); ``ended`` says how, for the stale handle's message.
         self.epoch = 0
         self.ended = ""
+        # Failures: the default group, when a collective on it failed (a weak reference: a re-formed
+        # job's new default group is not flagged); the store whose failure marks were read, and how many.
+        self.failed_default: weakref.ref | None = None
+        self.marks_read: tuple[Any, int] = (None, 0)
 
     def keep_flattened(self, root: Any, axes: tuple[str, ...]) -> None:
         """Remember that the product group of ``axes`` was registered on the torch mesh ``root``
@@ -371,15 +422,90 @@ class GroupCache(_Lookup, _Making, _Ending):
 CACHE = GroupCache()
 
 
-def init_default(plan: InitPlan, timeout: datetime.timedelta | None) -> None:
-    """Start the job's default group as ``plan`` says (realize, when no default group exists)."""
+def retire_failed(pg: Any) -> None:
+    """A collective on ``pg`` raised: the group leaves the cache, is aborted, and is marked for its other members.
+
+    Called when the error is built (``_handle.comm_failure``). Realize never hands the group out
+    again: this rank forgets it now; the other members read the mark in the default store at
+    their next checked realize (:func:`read_failures`) and forget it too, so all of them make a new
+    group together. The default group (an axis that borrowed it) is flagged, not aborted: it is
+    the job's. A group realize did not make (adopted) is left alone. Bounded: the lock is waited
+    for as ``abort`` waits for it, and a store that cannot be reached only loses the mark.
+    """
+    try:
+        default = _torch.default_group()
+    except (RuntimeError, ValueError):  # pragma: no cover - no job: nothing is cached either
+        return
+    locked = CACHE.lock.acquire(timeout=_ABORT_LOCK_WAIT_S)
+    try:
+        keys = CACHE.keys_of(pg)
+        ours = CACHE.retire(keys, failed=pg if pg is default else None)
+    finally:
+        if locked:
+            CACHE.lock.release()
+    if not keys:
+        return
+    try:
+        store = _torch.default_store()
+        i = store.add(_FAILED_PREFIX, 1)
+        store.set(f"{_FAILED_PREFIX}/{i}", json.dumps([[list(row), list(skey)] for row, skey in keys]))
+    except Exception:  # a dead store (its host died): the other members cannot be told; see docs/reliability.md
+        pass
+    _torch.abort_groups(ours)
+
+
+def read_failures() -> int:
+    """Forget the groups other members marked as failed since this rank last looked; return how many keys.
+
+    realize calls it after its check, when every member has arrived, so every mark a member wrote
+    before calling realize is visible: the members drop the same groups and make the same new ones.
+    One store round trip when nothing failed.
+    """
+    store = _torch.default_store()
+    seen_store, seen = CACHE.marks_read
+    if seen_store is not store:  # a new default group (a re-formed job): its store's marks are counted from 0
+        seen = 0
+    count = store.add(_FAILED_PREFIX, 0)
+    if count <= seen:
+        CACHE.marks_read = (store, count)
+        return 0
+    marks = store.multi_get([f"{_FAILED_PREFIX}/{i}" for i in range(seen + 1, count + 1)])
+    keys = [(tuple(row), tuple(skey)) for mark in marks for row, skey in json.loads(mark.decode())]
+    default = _torch.default_group()
+    world = tuple(range(_torch.world_size()))
+    with CACHE.lock:
+        # a marked whole-world key held by the default group on this rank: the default group failed there
+        failed = default if any(CACHE.groups.get(k, CACHE.local.get(k)) is default and k[0] == world
+                                for k in keys) else None
+        ours = CACHE.retire(keys, failed=failed)
+        CACHE.marks_read = (store, count)
+    _torch.abort_groups(ours)
+    return len(keys)
+
+
+def init_default(plan: InitPlan) -> None:
+    """Start the job's default group as ``plan`` says (realize, when no default group exists).
+
+    Bounded by ``plan.timeout`` (torch's default when ``None``), never by an axis's timeout. A
+    start-up that fails (a rank that never arrived, a store that cannot be reached) is a
+    ``MeshError`` naming it, with torch's error chained.
+    """
     kwargs: dict[str, Any] = {"backend": plan.backend}
-    if timeout is not None:
-        kwargs["timeout"] = timeout
+    if plan.timeout is not None:
+        kwargs["timeout"] = plan.timeout
     if plan.device_index is not None:
         torch.cuda.set_device(plan.device_index)
         kwargs["device_id"] = torch.device("cuda", plan.device_index)
-    dist.init_process_group(**kwargs)
+    try:
+        dist.init_process_group(**kwargs)
+    except RuntimeError as exc:  # c10d's DistStoreError / DistNetworkError: a rank missing, the store unreachable
+        bound = (f"{plan.timeout.total_seconds():g} s (${INIT_TIMEOUT_ENV})" if plan.timeout is not None
+                 else f"torch's default timeout (set ${INIT_TIMEOUT_ENV} in seconds to change it)")
+        raise MeshError(
+            f"`realize` requires every rank of the job to start the default group (init_process_group, backend "
+            f"{plan.backend!r}) within {bound}, but the start-up failed: a rank probably did not start, or "
+            f"MASTER_ADDR/MASTER_PORT do not reach the store; realize's timeout= bounds the axes' collectives, "
+            f"not this; torch said: {type(exc).__name__}: {exc}") from exc
 
 
 def cache_info() -> CacheInfo:

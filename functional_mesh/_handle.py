@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import torch
 
 from . import _torch
-from ._cache import CACHE, abort_all, abort_holding
+from ._cache import CACHE, abort_all, abort_holding, retire_failed
 from ._context import ContextStack
 from ._errors import MeshError, requires
 from ._mesh import Mesh, axes_size, axis_position, select
@@ -434,7 +434,8 @@ def comm_failure(api: str, hop: Hop, device_type: str, exc: BaseException) -> Me
     """The error for a collective whose communication over ``hop`` failed (``exc``, torch's error).
 
     Names the axis (or product), the group's global ranks and its timeout, so a survivor can tell
-    which axis lost a peer. Only built on failure: the success path pays for a ``try`` alone.
+    which axis lost a peer. Only built on failure: the success path pays for a ``try`` alone. The
+    group leaves the cache (``_cache.retire_failed``): no later realize hands it out again.
     """
     label = hop.axes[0] if len(hop.axes) == 1 else hop.axes
     try:
@@ -442,6 +443,8 @@ def comm_failure(api: str, hop: Hop, device_type: str, exc: BaseException) -> Me
     except (RuntimeError, ValueError):  # a group torch forgot (aborted): its ranks are unknown
         ranks = "unknown"
     timeout = _torch.group_timeout(hop.pg, device_type) if hop.pg is not None else None
+    if hop.pg is not None:
+        retire_failed(hop.pg)
     waited = f"{timeout.total_seconds():g} s" if timeout is not None else "its timeout"
     return CollectiveError(f"`{api}` requires every member of axis {label!r} (group ranks {ranks}) to take part within "
                      f"the group's timeout ({waited}), but the communication failed on rank {_torch.global_rank()}: "

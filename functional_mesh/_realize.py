@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from ._agree import agree, next_call
-from ._cache import CACHE, Family, Realized, Request, init_default
+from ._cache import CACHE, Family, Realized, Request, init_default, read_failures
 from ._errors import MeshError, requires
 from ._handle import RealizedMesh
 from ._mesh import Mesh
@@ -97,7 +97,8 @@ def realize(
     """Create (or look up) the process groups of every axis of ``mesh``; a collective call.
 
     Every rank of the default group must call it, in the same order, with an equal mesh.
-    Initialises the default group from the torchrun environment when none exists.
+    Initialises the default group from the torchrun environment when none exists, bounded by
+    ``$FUNCTIONAL_MESH_INIT_TIMEOUT`` seconds or torch's default (never by ``timeout=``).
     With ``members_only=True`` only the mesh's ranks call it (docs/realize.md, "Members only").
 
     ``backend``, ``timeout`` and ``pg_options`` each take one value for every axis, or a
@@ -112,7 +113,8 @@ def realize(
             when available if realize initialises the default group).
         backend: ``None`` = the default group's backend when it serves ``device_type`` (as in
             ``new_group``), else gloo for cpu and NCCL for cuda.
-        timeout: timeout of the created groups (seconds or a timedelta); ``None`` = torch's.
+        timeout: timeout of the created groups (seconds or a timedelta); ``None`` = torch's. It
+            bounds the axes' collectives and their creation, not the default group's start-up.
         pg_options: the backend's options object for ``new_group``/``split_group`` (e.g.
             ``ProcessGroupNCCL.Options``); compared across ranks by its type and public fields.
         check: compare the request across all ranks first and raise ``MeshError`` on every
@@ -142,7 +144,8 @@ def realize(
         MeshError: a device of the mesh is not a rank of the world, a backend or device type is not
             available, a per-axis key names no axis (or a product not in ``products``), the ranks
             asked for different meshes or settings or one never arrived (``check``), or a member
-            died while the groups were made (within ``timeout``); with ``members_only``, this rank
+            died while the groups were made (within ``timeout``), or the default group's start-up failed
+            (a rank never arrived within ``$FUNCTIONAL_MESH_INIT_TIMEOUT`` or torch's default); with ``members_only``, this rank
             is not in the mesh or no default group exists; an adopted group's key names no realized
             axis or product, or the group's size or this rank's position in it is not the axis's.
 
@@ -190,6 +193,9 @@ def realize(
     if wait_s is not None and backend_name != "fake":
         _agree_on(mesh, describe_request(mesh, device_type, settings, products_t, axes_t, tuple(adopted)),
                   members_only, rank, world, wait_s)
+        # after the check every member has arrived, so the marks of groups that failed on any of
+        # them are in the store: all drop those groups alike and make new ones together
+        read_failures()
     got = CACHE.realize_groups([f for f in families if f.key not in adopted],
                                Request(device_type, world, rank, default_backend, member, members_only))
     return _assemble(mesh, families, adopted, got, device_type, backend_name, rank, member)
@@ -209,8 +215,7 @@ def _settings(mesh: Mesh, keys: list[Any], device_type: str | None, backend: Any
     options = per_axis(mesh, keys, pg_options, "pg_options", lambda v: v)
     one_backend = None if isinstance(backend, Mapping) else as_backend(backend)
     if not dist.is_initialized():
-        init_default(plan_init(dict(os.environ), torch.cuda.is_available(), device_type, one_backend),
-                     None if isinstance(timeout, Mapping) else as_timeout(timeout))
+        init_default(plan_init(dict(os.environ), torch.cuda.is_available(), device_type, one_backend))
     default_backend = str(dist.get_backend())
     cuda = torch.cuda.is_available()
     device_type, backend_name, backend_arg = resolve_backend(default_backend, device_type, one_backend, cuda)

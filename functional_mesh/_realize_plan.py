@@ -18,11 +18,12 @@ from ._errors import MeshError, requires
 from ._mesh import Mesh, axis_position, select
 from ._validate import as_name_tuple
 
-__all__ = ["CHECK_TIMEOUT_ENV", "DEFAULT_CHECK_TIMEOUT_S", "AxisSettings", "InitPlan", "as_backend", "as_timeout",
+__all__ = ["CHECK_TIMEOUT_ENV", "DEFAULT_CHECK_TIMEOUT_S", "INIT_TIMEOUT_ENV", "AxisSettings", "InitPlan", "as_backend", "as_timeout",
            "axis_report", "check_device_type", "check_timeout_seconds", "creation_method", "describe_options",
            "describe_request", "per_axis", "plan_init", "product_axes", "realized_axes", "resolve_backend"]
 
 CHECK_TIMEOUT_ENV = "FUNCTIONAL_MESH_CHECK_TIMEOUT"
+INIT_TIMEOUT_ENV = "FUNCTIONAL_MESH_INIT_TIMEOUT"  # seconds: the default group's start-up (unset: torch's default)
 DEFAULT_CHECK_TIMEOUT_S = 60.0
 NATURAL_BACKEND = {"cpu": "gloo", "cuda": "nccl"}
 
@@ -33,13 +34,18 @@ class InitPlan(NamedTuple):
     backend: str
     device_type: str
     device_index: int | None  # CUDA: the current device and NCCL's bound device_id
+    # the bound on start-up (the rendezvous of every rank) and on the default group's own collectives:
+    # $FUNCTIONAL_MESH_INIT_TIMEOUT, else None (torch's default); never realize's per-axis timeout=
+    timeout: datetime.timedelta | None = None
 
 
 def plan_init(env: dict[str, str], cuda_available: bool, device_type: str | None, backend: str | None) -> InitPlan:
     """The default-group plan from the torchrun environment (``RANK``, ``WORLD_SIZE``, ...).
 
     CUDA takes its device from ``LOCAL_RANK`` (torchrun sets it; 0 when absent) and binds NCCL
-    to it, so ``split_group`` is available later.
+    to it, so ``split_group`` is available later. The start-up's bound is ``$FUNCTIONAL_MESH_INIT_TIMEOUT``
+    seconds, or torch's default: realize's ``timeout=`` is for the axes' collectives, and a rank that
+    starts late (importing torch on a busy node) must not fail the others.
     """
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
     if missing:
@@ -54,7 +60,18 @@ def plan_init(env: dict[str, str], cuda_available: bool, device_type: str | None
         raise MeshError(requires("realize", "an available device type", "device_type", "cuda", "'cpu'"))
     backend = backend or NATURAL_BACKEND[device_type]
     index = int(env.get("LOCAL_RANK", "0")) if device_type == "cuda" else None
-    return InitPlan(backend, device_type, index)
+    raw = env.get(INIT_TIMEOUT_ENV)
+    timeout = None
+    if raw is not None:
+        try:
+            seconds = float(raw)
+        except ValueError:
+            seconds = math.nan
+        if not 0 < seconds < math.inf:
+            raise MeshError(requires("realize", f"a positive number of seconds in ${INIT_TIMEOUT_ENV}",
+                                     INIT_TIMEOUT_ENV, raw, "unset for torch's default"))
+        timeout = datetime.timedelta(seconds=seconds)
+    return InitPlan(backend, device_type, index, timeout)
 
 
 def check_device_type(device_type: object) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import importlib
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
@@ -93,7 +94,8 @@ def _worker(rank: int, world: int, port: int, init_timeout: float, env: dict[str
     conn.send(("ready",))
     if not conn.poll(START_S) or conn.recv()[0] != "go":
         os._exit(2)
-    fn = globals()[scenario]
+    module, _, name = scenario.rpartition(":")  # scenarios of other test modules run on this harness too
+    fn = getattr(importlib.import_module(module), name) if module else globals()[name]
 
     def entering() -> float:
         """Stamp the start of the faulty call and tell the parent (which may now kill the victim)."""
@@ -139,7 +141,8 @@ def run_world(world: int, scenario: Callable[..., Any], *args: Any, victim: int 
         for rank in range(world):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker, name=f"fault-worker-{rank}/{world}", daemon=True,
-                               args=(rank, world, store.port, init_timeout, env or {}, scenario.__name__, args, child))
+                               args=(rank, world, store.port, init_timeout, env or {},
+                                     f"{scenario.__module__}:{scenario.__name__}", args, child))
             proc.start()
             child.close()
             procs.append(proc)

@@ -7,6 +7,8 @@ fake-backend branches that the multi-process suites then exercise for real.
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 
 from functional_mesh import MeshError, make_mesh
@@ -172,3 +174,17 @@ def test_per_axis_takes_one_value_or_a_mapping_with_defaults():
     got = per_axis(mesh, keys, {"tp": 3, ("dp", "cp"): 5}, "timeout", lambda v: v)
     assert got == {"dp": None, "cp": None, "tp": 3, ("dp", "cp"): 5}
     assert per_axis(mesh, keys, {("cp",): 1}, "timeout", lambda v: v)["cp"] == 1  # a 1-tuple is the axis
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-1", "inf", "nan"])
+def test_a_bad_init_timeout_is_refused_naming_the_variable(raw):
+    env = {**TORCHRUN, "FUNCTIONAL_MESH_INIT_TIMEOUT": raw}
+    with pytest.raises(MeshError, match=r"`realize` requires a positive number of seconds in "
+                                        r"\$FUNCTIONAL_MESH_INIT_TIMEOUT, but got FUNCTIONAL_MESH_INIT_TIMEOUT="):
+        plan_init(env, False, None, None)
+
+
+def test_the_start_up_bound_is_its_own_setting_never_an_axis_timeout():
+    assert plan_init(TORCHRUN, False, None, None).timeout is None  # torch's default
+    assert plan_init({**TORCHRUN, "FUNCTIONAL_MESH_INIT_TIMEOUT": "7.5"}, False, None, None).timeout == \
+        datetime.timedelta(seconds=7.5)
