@@ -175,13 +175,14 @@ class _Side:
 
     def rank_of(self, split: tuple[tuple[int, ...], ...], replica: int) -> int:
         """The global rank at split coordinates ``split`` and replica index ``replica``: O(axes)."""
-        coord = [0] * self.ndim_mesh
+        modes, pos = self.modes, 0
         for axes, idx in zip(self.dims, split, strict=True):
             for p, i in zip(axes, idx, strict=True):
-                coord[p] = i
+                pos += L.modes_value(modes[p], i)
         for p, s in zip(reversed(self.replica_axes), reversed(self.replica_sizes), strict=True):
-            replica, coord[p] = divmod(replica, s)
-        return self.devices[sum(L.modes_value(m, c) for m, c in zip(self.modes, coord, strict=True))]
+            replica, c = divmod(replica, s)
+            pos += L.modes_value(modes[p], c)
+        return self.devices[pos]
 
     def block(self, shape: tuple[int, ...], split: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:
         return [_chunk(n, sizes, idx) for n, sizes, idx in zip(shape, self.sizes, split, strict=True)]
@@ -270,9 +271,13 @@ class Move(Frozen):
         return self
 
     def _set(self, src: int, dst: int, index: tuple[slice, ...], stage: int, nbytes: int) -> None:
-        for name, value in (("src_rank", src), ("dst_rank", dst), ("index", index), ("stage", stage),
-                            ("nbytes", nbytes), ("key", (stage, src, dst, tuple(s.start for s in index)))):
-            object.__setattr__(self, name, value)
+        put = object.__setattr__
+        put(self, "src_rank", src)
+        put(self, "dst_rank", dst)
+        put(self, "index", index)
+        put(self, "stage", stage)
+        put(self, "nbytes", nbytes)
+        put(self, "key", (stage, src, dst, tuple([s.start for s in index])))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Move):
@@ -301,13 +306,16 @@ class ReshardPlan(Frozen):
     the two layouts, in time that does not grow with the world. :attr:`moves` (every move) and
     :attr:`max_send_bytes` list the plan once and keep it.
 
-    Attributes:
-        src: the source ``NamedSharding``.
-        dst: the destination ``NamedSharding``.
-        shape: the global shape.
-        dtype: the dtype as given.
-        itemsize: bytes per element.
-        relays: whether destination replicas forward to each other (stages 1, 2, ...).
+    Args:
+        src: the source ``NamedSharding`` (kept as ``plan.src``).
+        dst: the destination ``NamedSharding`` (``plan.dst``).
+        shape: the global shape, a tuple of ints (``plan.shape``).
+        dtype: the dtype as given (``plan.dtype``).
+        itemsize: bytes per element (``plan.itemsize``).
+        relays: whether destination replicas forward to each other, stages 1, 2, ... (``plan.relays``).
+
+    Raises:
+        MeshError: nothing of its own: build plans with :func:`plan_reshard`, which checks its arguments.
 
     Examples:
         >>> import functional_mesh as fm

@@ -25,7 +25,8 @@ CANNOT_FAIL = {"Mesh.groups", "layout.concat", "layout.cosize", "layout.indices"
 def public_callables() -> dict[str, object]:
     """Every public class, function and method of the pure layer, by a readable name."""
     names: dict[str, object] = {}
-    for cls in (fm.Mesh, fm.MeshShape, fm.Layout, fm.NamedSharding, fm.PartitionSpec):
+    for cls in (fm.Mesh, fm.MeshShape, fm.Layout, fm.NamedSharding, fm.PartitionSpec, fm.ReshardPlan, fm.Move,
+                fm.ShapeDtypeStruct):
         names[cls.__name__] = cls
         for attr, value in inspect.getmembers(cls):
             selection = cls is fm.Mesh and attr == "__getitem__"  # mesh[...]; a mapping's or a spec's is the protocol's
@@ -33,7 +34,7 @@ def public_callables() -> dict[str, object]:
                 continue
             if callable(value) and (cls is not fm.MeshShape or attr not in ("get", "items", "keys", "values")):
                 names[f"{cls.__name__}.{attr}"] = value
-    for fn in (fm.make_mesh, fm.mesh_from_order, fm.order_axes, fm.visualize, fm.visualize_sharding):
+    for fn in (fm.make_mesh, fm.mesh_from_order, fm.order_axes, fm.visualize, fm.visualize_sharding, fm.plan_reshard):
         names[fn.__name__] = fn
     for attr in layout.__all__:
         if attr != "Layout":
@@ -50,7 +51,8 @@ def test_the_list_covers_the_pure_layer():
             "Mesh.coordinate", "Mesh.group_of", "Mesh.host_span", "Mesh.from_ranks", "Mesh.axis_size",
             "Mesh.axis_layout", "NamedSharding.shard_shape", "NamedSharding.local_slices",
             "NamedSharding.devices_indices_map", "layout.complement", "layout.composition", "make_mesh",
-            "visualize_sharding", "MeshError"} <= set(NAMES)
+            "visualize_sharding", "MeshError", "plan_reshard", "ReshardPlan.receives", "ReshardPlan.sends",
+            "ShapeDtypeStruct", "Move"} <= set(NAMES)
     assert fm.P is fm.PartitionSpec
 
 
