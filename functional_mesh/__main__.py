@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from ._errors import MeshError
 from ._mesh import Mesh, make_mesh
 from ._order import mesh_from_order
+from ._reshard_plan import plan_reshard
 from ._sharding import NamedSharding, P
 from ._visualize import visualize, visualize_sharding
 
@@ -42,6 +43,19 @@ Hosts hold --ranks-per-host consecutive ranks (torchrun's numbering).
 
 
 EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE: how a shell reports a tool that the end of its pipe closed
+
+
+PLAN_EXAMPLES = """\
+examples:
+  functional-mesh plan --src "dp=2,tp=2" --src-spec "None,tp" --dst "tp=4@4" --dst-spec "None,tp" --shape 8,8
+  functional-mesh plan --src "dp_shard=2,tp=2" --src-spec "dp_shard,tp" --dst "dp=4,tp=2@4" --dst-spec "None,tp" \\
+      --shape 8,8 --dtype bfloat16
+  functional-mesh plan --src "x=4" --src-spec x --dst "x=4" --dst-devices 3,2,1,0 --dst-spec x --shape 8 --no-relays
+
+A mesh is name=size items, outermost first, with an optional @START: its devices are START..START+N-1
+(default 0). --src-devices / --dst-devices give the ranks instead ("8-15", "3,2,1,0": a permuted list).
+A spec is written as for show --spec ("None,tp", "('dp','cp'),None"; default: replicated).
+"""
 
 
 class _Transform(argparse.Action):
@@ -82,6 +96,22 @@ def build_parser() -> argparse.ArgumentParser:
                       help="ANSI colors: auto = only on a terminal and without NO_COLOR")
     show.add_argument("--max-side", type=_positive, default=16, metavar="N",
                       help="draw at most N rows, columns, pages and groups (default 16)")
+    plan = commands.add_parser(
+        "plan", help="print who sends which block to whom to reshard between two meshes",
+        description="Print the plan of a reshard from --src/--src-spec to --dst/--dst-spec (fm.plan_reshard).",
+        epilog=PLAN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for side in ("src", "dst"):
+        plan.add_argument(f"--{side}", required=True, metavar="MESH", help='axis sizes and offset: "dp=2,tp=2@8"')
+        plan.add_argument(f"--{side}-spec", default="", metavar="SPEC", help='a PartitionSpec: "None,tp"')
+        plan.add_argument(f"--{side}-devices", metavar="RANKS", help='explicit ranks instead of @START: "3,2,1,0"')
+    plan.add_argument("--shape", required=True, help='the global tensor shape, e.g. "8,8"')
+    plan.add_argument("--dtype", default="float32", help="a dtype name (default float32)")
+    plan.add_argument("--no-relays", dest="relays", action="store_false",
+                      help="every move from a source holder in stage 0 (no forwarding among destination replicas)")
+    plan.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                      help="ANSI colors: auto = only on a terminal and without NO_COLOR")
+    plan.add_argument("--max-side", type=_positive, default=16, metavar="N",
+                      help="list at most 4 N moves per stage (default 16)")
     return parser
 
 
@@ -216,6 +246,29 @@ def show(args: argparse.Namespace) -> str:
     return "\n\n".join(parts)
 
 
+def _plan_mesh(text: str, devices: str | None, what: str) -> Mesh:
+    """``--src``/``--dst``: "dp=2,tp=2" with an optional "@START", or explicit ``--*-devices``."""
+    body, at, start = text.partition("@")
+    sizes = _sizes(body, what)
+    if at and devices is not None:
+        raise MeshError(f"{what} requires either @START or {what}-devices, but got both: {text!r} and {devices!r}")
+    if at and not re.fullmatch(r"\s*\d+\s*", start):
+        raise MeshError(f'{what} requires a non-negative int after @, like "tp=4@8", but got {text!r}')
+    n = 1
+    for size in sizes.values():
+        n *= max(size, 0)
+    ranks = _devices(devices) if devices is not None else range(int(start), int(start) + n) if at else None
+    return make_mesh(tuple(sizes.values()), tuple(sizes), devices=ranks)
+
+
+def plan_text(args: argparse.Namespace) -> str:
+    """The text ``plan`` prints for parsed arguments (raises MeshError/TypeError on bad values)."""
+    src = NamedSharding(_plan_mesh(args.src, args.src_devices, "--src"), _spec(args.src_spec))
+    dst = NamedSharding(_plan_mesh(args.dst, args.dst_devices, "--dst"), _spec(args.dst_spec))
+    plan = plan_reshard(src, dst, _shape(args.shape), args.dtype, relays=args.relays)
+    return visualize(plan, color=use_color(args.color, sys.stdout.isatty(), os.environ), max_side=args.max_side)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: parse ``argv``, print the picture ``show`` draws.
 
@@ -246,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        text = show(args)
+        text = plan_text(args) if args.command == "plan" else show(args)
     except (MeshError, TypeError) as exc:
         parser.exit(2, f"{parser.prog} {args.command}: error: {exc}\n")
     try:

@@ -32,6 +32,7 @@ import numpy as np
 from . import _layout as L
 from ._errors import MeshError, requires, unknown_axis
 from ._mesh import Mesh, axis_layouts, family_modes
+from ._reshard_plan import ReshardPlan
 from ._sharding import NamedSharding, global_shape_of
 from ._validate import as_int
 
@@ -41,6 +42,7 @@ __all__ = ["visualize", "visualize_sharding"]
 _COLORS = ("31", "32", "33", "34", "35", "36")
 _RESET = "\x1b[0m"
 MAX_SHARDING_DEVICES = 2**22
+MAX_PLAN_DEVICES = 2**16  # a plan's picture lists every move
 
 
 def _letters(i: int) -> str:
@@ -95,11 +97,13 @@ def _check_flags(api: str, color: object, limit: object) -> int:
     return limit
 
 
-def visualize(mesh: Mesh, axis: str | None = None, *, color: bool = False, max_side: int = 16) -> str:
-    """The rank grid of ``mesh`` and the groups of each axis, as a string.
+def visualize(mesh: Mesh | ReshardPlan, axis: str | None = None, *, color: bool = False, max_side: int = 16) -> str:
+    """The rank grid of ``mesh`` and the groups of each axis, as a string; or who sends what to whom in a plan.
 
     Args:
-        mesh: any mesh, including a family (``mesh["tp"]``: one page per group).
+        mesh: any mesh, including a family (``mesh["tp"]``: one page per group); or a
+            :class:`~functional_mesh.ReshardPlan`, drawn as a table of moves per stage (sender -> receiver,
+            index, bytes; at most ``4 * max_side`` rows per stage) and a summary line.
         axis: an axis whose groups to mark: each rank gets its group's letter (``a``, ``b``,
             ...; the order of ``mesh[axis].groups()``).
         color: add ANSI colors (one per group of ``axis``); for terminals only.
@@ -112,8 +116,9 @@ def visualize(mesh: Mesh, axis: str | None = None, *, color: bool = False, max_s
 
     Raises:
         UnknownAxisError: an ``axis`` that the mesh lacks.
-        MeshError: ``max_side`` below 2.
-        TypeError: a ``mesh`` that is not a ``Mesh``, or a ``color`` that is not a bool.
+        MeshError: ``max_side`` below 2, an ``axis`` with a plan, or a plan whose destination has more than
+            ``2**16`` devices (every move is listed).
+        TypeError: a ``mesh`` that is not a ``Mesh`` or ``ReshardPlan``, or a ``color`` that is not a bool.
 
     Examples:
         >>> import functional_mesh as fm
@@ -130,8 +135,24 @@ def visualize(mesh: Mesh, axis: str | None = None, *, color: bool = False, max_s
         groups of each axis:
           cp  size 2, 4 groups: [0 2] [1 3] [4 6] [5 7]
           tp  size 2, 4 groups: [0 1] [2 3] [4 5] [6 7]
+        >>> src = fm.NamedSharding(fm.make_mesh((2,), ("tp",)), fm.P("tp"))
+        >>> dst = fm.NamedSharding(fm.make_mesh((2,), ("dp",), devices=range(2, 4)), fm.P())
+        >>> print(fm.visualize(fm.plan_reshard(src, dst, (4,), "float32")))
+        ReshardPlan((4,) x 4 bytes: Mesh(tp=2) P('tp') -> Mesh(dp=2; devices 2..3) P(), 2 stages)
+        stage 0: 2 moves
+          0 -> 2  0:2  8 bytes
+          1 -> 3  2:4  8 bytes
+        stage 1: 2 moves
+          2 -> 3  0:2  8 bytes
+          3 -> 2  2:4  8 bytes
+        bytes_moved 32, max_send_bytes 8, moves 4, stages 2
     """
     api = "visualize"
+    if isinstance(mesh, ReshardPlan):
+        limit = _check_flags(api, color, max_side)
+        if axis is not None:
+            raise MeshError(requires(api, "no axis= with a ReshardPlan (its picture is a table of moves)", "axis", axis))
+        return _plan_picture(mesh, color, limit)
     if not isinstance(mesh, Mesh):
         raise TypeError(requires(api, "a functional_mesh.Mesh", "mesh", mesh))
     limit = _check_flags(api, color, max_side)
@@ -173,6 +194,32 @@ def visualize(mesh: Mesh, axis: str | None = None, *, color: bool = False, max_s
             shown.append(_paint(text, i if n == axis else None, color))
         count = f"{family.num_groups} group{'s' if family.num_groups != 1 else ''}"
         lines.append(f"  {n.ljust(width)}  size {s}, {count}: " + " ".join(shown))
+    return "\n".join(lines)
+
+
+def _plan_picture(plan: ReshardPlan, color: bool, limit: int) -> str:
+    """Each stage's moves (sender -> receiver, index, bytes; a local copy marked) and the plan's figures."""
+    n = len(plan.dst_ranks)
+    if n > MAX_PLAN_DEVICES:
+        raise MeshError(requires("visualize", f"a plan onto at most {MAX_PLAN_DEVICES:,} devices (every move is "
+                                              "listed)", "len(plan.dst_ranks)", n))
+    moves = plan.moves
+    lines = [repr(plan)]
+    rows_per_stage = 4 * limit
+    for stage in range(plan.stages):
+        these = [m for m in moves if m.stage == stage]
+        lines.append(f"stage {stage}: {len(these)} move{'s' if len(these) != 1 else ''}")
+        shown = these if len(these) <= rows_per_stage else these[:rows_per_stage - 1]
+        cells = [(f"{m.src_rank} -> {m.dst_rank}", ", ".join(_block_label(s) for s in m.index) or "()",
+                  f"{m.nbytes} bytes" + (" (local copy)" if m.src_rank == m.dst_rank else ""), m.src_rank)
+                 for m in shown]
+        widths = [max([len(c[i]) for c in cells] + [0]) for i in range(2)]
+        for who, where, size, sender in cells:
+            lines.append("  " + _paint(who.ljust(widths[0]), sender, color) + "  " + where.ljust(widths[1]) + "  " + size)
+        if len(shown) < len(these):
+            lines.append(f"  … {len(these) - len(shown)} more moves")
+    lines.append(f"bytes_moved {plan.bytes_moved}, max_send_bytes {plan.max_send_bytes}, moves {len(moves)}, "
+                 f"stages {plan.stages}")
     return "\n".join(lines)
 
 

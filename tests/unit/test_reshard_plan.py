@@ -212,3 +212,64 @@ def test_bytes_moved_visits_only_the_ranks_of_both_meshes():
     assert plan.bytes_moved == (HUGE // 8) * 8192 * 4096 - 512 * 128 * 512
     local = [m for m in plan.receives(11) if m.src_rank == 11]
     assert [m.index for m in local] == [(slice(128, 256), slice(1536, 2048))]
+
+
+# -- the picture and the command line ---------------------------------------------------------------------
+
+def test_visualize_lists_each_stage_and_the_figures():
+    src, dst, shape, *_ = CASES["colocated replicas"]
+    text = fm.visualize(fm.plan_reshard(src, dst, shape, "int8"))
+    assert text.splitlines() == [
+        "ReshardPlan((4,) x 1 bytes: Mesh(dp=2, tp=2) P('tp') -> Mesh(dp=2, tp=2) P(), 3 stages)",
+        "stage 0: 6 moves",
+        "  0 -> 0  0:2  2 bytes (local copy)",
+        "  0 -> 1  0:2  2 bytes",
+        "  1 -> 1  2:4  2 bytes (local copy)",
+        "  1 -> 2  2:4  2 bytes",
+        "  2 -> 2  0:2  2 bytes (local copy)",
+        "  3 -> 3  2:4  2 bytes (local copy)",
+        "stage 1: 0 moves",
+        "stage 2: 2 moves",
+        "  1 -> 3  0:2  2 bytes",
+        "  2 -> 0  2:4  2 bytes",
+        "bytes_moved 8, max_send_bytes 4, moves 8, stages 3",
+    ]
+    many = fm.plan_reshard(sh((1,), "x", P()), sh((12,), "y", P("y"), range(1, 13)), (12,), "int8")
+    lines = fm.visualize(many, max_side=2).splitlines()
+    assert lines[1] == "stage 0: 12 moves" and lines[9] == "  … 5 more moves" and len(lines) == 11
+    with pytest.raises(MeshError, match=r"`visualize` requires no axis= with a ReshardPlan"):
+        fm.visualize(many, "x")
+
+
+def test_command_line_prints_a_plan(capsys):
+    from functional_mesh.__main__ import main
+
+    assert main(["plan", "--src", "dp=2,tp=2", "--src-spec", "None,tp", "--dst", "tp=4@4", "--dst-spec", "None,tp",
+                 "--shape", "8,8", "--color", "never"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "ReshardPlan((8, 8) x 4 bytes: Mesh(dp=2, tp=2) P(None, 'tp') -> Mesh(tp=4; devices 4..7) P(None, 'tp'), 1 stage)",
+        "stage 0: 4 moves",
+        "  0 -> 4  0:8, 0:2  64 bytes",
+        "  1 -> 7  0:8, 6:8  64 bytes",
+        "  2 -> 5  0:8, 2:4  64 bytes",
+        "  3 -> 6  0:8, 4:6  64 bytes",
+        "bytes_moved 256, max_send_bytes 64, moves 4, stages 1",
+    ]
+    # permuted destination ranks, no relays, another dtype
+    assert main(["plan", "--src", "x=2", "--src-spec", "x", "--dst", "x=2", "--dst-devices", "1,0", "--dst-spec", "x",
+                 "--shape", "4", "--dtype", "bfloat16", "--no-relays"]) == 0
+    assert capsys.readouterr().out.splitlines()[2:4] == ["  0 -> 1  0:2  4 bytes", "  1 -> 0  2:4  4 bytes"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--src", "x=2@", "--dst", "x=2"], 'requires a non-negative int after @, like "tp=4@8", but got \'x=2@\''),
+    (["--src", "x=2@4", "--src-devices", "4,5", "--dst", "x=2"], "requires either @START or --src-devices"),
+    (["--src", "x=2", "--dst", "x=2", "--dtype", "float33"], "`plan_reshard` requires a known dtype name"),
+    (["--src", "x=2", "--src-spec", "y", "--dst", "x=2"], "requires an axis name of the mesh, but got axis='y'"),
+])
+def test_command_line_names_the_bad_value(argv, message, capsys):
+    from functional_mesh.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", *argv, "--shape", "4"])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
