@@ -8,8 +8,8 @@ Run:  OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=8 examples/elasti
    so the example exits cleanly; a SIGKILL behaves the same for the survivors, as
    tests/dist/test_elastic_gloo.py shows). Every survivor's step 2 raises a ``MeshError`` that
    names the axis that failed.
-3. The survivors agree through the store on who is alive (docs/reliability.md, "Agreeing on who
-   survived"), keep the complete replicas (``mesh.take(dp_replicate=[0])``), and the ranks of
+3. The survivors agree through the store on who is alive and on the last step all of them
+   completed (docs/reliability.md, "Agreeing on who survived"), go back to that step, keep the complete replicas (``mesh.take(dp_replicate=[0])``), and the ranks of
    the broken replica leave.
 4. Replica 0 aborts only the groups holding a leaving rank (``fm.abort(ranks=[4, 5, 6, 7])``)
    and realizes the shrunk mesh among its own ranks (``members_only=True``): its dp_shard and
@@ -59,18 +59,20 @@ def train_step(rm: fm.RealizedMesh, w: torch.Tensor, step: int) -> torch.Tensor:
     return (w - LR * fm.psum(grad, "dp_replicate", mesh=rm)).detach()
 
 
-def agree_on_survivors(generation: str, world: int, wait_s: float) -> list[int]:
-    """Each survivor publishes itself; the first to finish waiting publishes who it saw; all adopt that."""
+def agree_on_survivors(generation: str, world: int, wait_s: float, step: int) -> tuple[list[int], int]:
+    """Each survivor publishes itself and the last step it completed; the first to finish waiting
+    publishes what it saw; all adopt that: the same ranks, and the smallest step among them."""
     store = dist.distributed_c10d._get_default_store()
     rank = dist.get_rank()
-    store.set(f"{generation}/alive/{rank}", "1")
+    store.set(f"{generation}/alive/{rank}", str(step))
     deadline = time.monotonic() + wait_s
     verdict = f"{generation}/verdict"
-    while time.monotonic() < deadline and not store.check([verdict]) and not all(
-            store.check([f"{generation}/alive/{r}"]) for r in range(world)):
+    keys = [f"{generation}/alive/{r}" for r in range(world)]
+    while time.monotonic() < deadline and not store.check([verdict]) and not all(store.check([k]) for k in keys):
         time.sleep(0.05)
-    seen = [r for r in range(world) if store.check([f"{generation}/alive/{r}"])]
-    return json.loads(store.compare_set(verdict, "", json.dumps(seen)).decode())
+    seen = {r: int(store.get(k)) for r, k in enumerate(keys) if store.check([k])}
+    decided = json.loads(store.compare_set(verdict, "", json.dumps(seen)).decode())
+    return sorted(int(r) for r in decided), min(decided.values())
 
 
 def main() -> None:
@@ -78,15 +80,18 @@ def main() -> None:
     rm = fm.realize(mesh, timeout=AXIS_TIMEOUT_S)
     rank = rm.rank
     before = {axis: rm.group(axis) for axis in ("dp_shard", "tp")}
-    w1 = train_step(rm, torch.zeros(4, 1, dtype=torch.float64), 1)
+    weights = {1: train_step(rm, torch.zeros(4, 1, dtype=torch.float64), 1)}  # the state after each step
+    done = 1
     if rank == LOST:
         os._exit(0)
     try:
-        train_step(rm, w1, 2)
+        weights[2] = train_step(rm, weights[1], 2)
         raise AssertionError("step 2 should have failed: rank 5 is gone")
     except fm.MeshError as e:
         print(f"rank {rank}: step 2 failed: {str(e)[:110]}...")
-    alive = agree_on_survivors("elastic/1", 8, AGREE_S)
+    # who is alive, and the last step every survivor completed (replicas can be a step apart)
+    alive, agreed = agree_on_survivors("elastic/1", 8, AGREE_S, done)
+    w1 = weights[agreed]
     whole = [p for p in range(2) if set(mesh.take(dp_replicate=p).ranks.reshape(-1).tolist()) <= set(alive)]
     small_mesh = mesh.take(dp_replicate=whole)
     leaving = sorted(set(range(8)) - set(small_mesh.ranks.reshape(-1).tolist()))
