@@ -1,7 +1,9 @@
 """Bridges to torch values: DTensors from full tensors, and shardings and meshes read back from torch.
 
-Nothing here creates a process group or communicates: ``distribute`` slices locally, and the
-readers only look at torch objects, through the torch boundary (``_torch.py``).
+``distribute`` slices locally, and the readers only look at torch objects, through the torch
+boundary (``_torch.py``): neither communicates. ``reshard`` does: on one mesh through DTensor's
+``redistribute``; across meshes through ``_reshard.py`` (the plan's moves over a bridge group that
+``realize`` makes).
 
 Under ``torch.compile``, ``distribute`` and ``reshard`` break the graph no more than DTensor's own
 ``from_local`` and ``redistribute``: what depends on the meshes alone (the checks, the placements,
@@ -19,9 +21,11 @@ from torch.distributed.tensor import DTensor
 
 from . import _torch
 from ._errors import MeshError, requires
-from ._handle import resolve_mesh
+from ._handle import current_mesh, resolve_mesh
 from ._layout import Layout
 from ._mesh import Mesh
+from ._reshard import across
+from ._reshard_plan import ShapeDtypeStruct
 from ._sharding import NamedSharding, PartitionSpec, chunk_block, spec_from_plan
 
 __all__ = ["distribute", "from_device_mesh", "reshard", "sharding_of"]
@@ -129,6 +133,7 @@ class _DTensorPlan(NamedTuple):
     splits: tuple[tuple[tuple[int, int], ...], ...] | None = None
     spec: str = ""  # the spec, for messages (dynamo cannot format a PartitionSpec)
     rank: int = 0  # the spec's rank: the fewest dims a tensor needs
+    other_mesh: bool = False  # reshard: the sharding is on another mesh (eagerly, a reshard across meshes)
 
 
 # Under torch.compile the two plans run as plain Python while dynamo traces (their numpy, their
@@ -212,23 +217,53 @@ def sharding_of(dtensor: DTensor) -> NamedSharding:
     return NamedSharding(mesh, spec_from_plan("sharding_of", mesh, plan))
 
 
-def reshard(dtensor: DTensor, sharding: NamedSharding) -> DTensor:
-    """``dtensor`` with the layout of ``sharding``: explicit communication through DTensor's ``redistribute``.
+def reshard(x: Any, sharding: Any, *, mesh: Any = None, async_op: bool = False,
+            bucket_bytes: int | None = None) -> Any:
+    """``x`` with the layout of ``sharding``: explicit communication, on one mesh or across two.
 
-    A collective call: every rank of the DTensor's mesh calls it. The global value is unchanged;
-    a ``Partial`` source is reduced on the way.
+    **On one mesh** (``sharding.mesh`` is the mesh the DTensor lives on): a collective call of
+    every rank of that mesh, through DTensor's ``redistribute``. The global value is unchanged; a
+    ``Partial`` source is reduced on the way. ``sharding`` may be a bare ``PartitionSpec``: on
+    ``mesh=`` or the current ``with rm:`` mesh, as ``jax.reshard`` takes one.
+
+    **Across meshes** (another mesh: disjoint, overlapping or the same ranks laid out otherwise;
+    docs/across_meshes.md): every rank of the two meshes calls it, in the same order; no other rank
+    calls anything. A rank holding part of the source passes the DTensor; a rank holding none passes
+    ``fm.ShapeDtypeStruct(shape, dtype, sharding=source)``. ``x`` and ``sharding`` may be pytrees (a
+    whole state dict, one sharding for every leaf or a tree of them, as ``jax.device_put``): every
+    piece one rank sends another in a stage, of every leaf, travels in one message, over one
+    uneven all-to-all of a bridge group that ``realize`` makes once for the union of the ranks.
+    Local pieces are copied, never sent. The result has no autograd history.
 
     Args:
-        dtensor: the DTensor to move.
-        sharding: the layout it gets; ``sharding.mesh`` must be the mesh ``dtensor`` lives on (this
-            rank's submesh of it, for a family mesh).
+        x: a DTensor, a ``ShapeDtypeStruct`` (a rank without a source block), or a pytree of them.
+        sharding: the layout: a ``NamedSharding``, a ``PartitionSpec`` (on ``mesh``, or the current
+            mesh), or a pytree of them matching ``x`` (or a prefix of it).
+        mesh: across meshes, the destination's ``RealizedMesh``, required on its ranks (default:
+            the current ``with rm:`` mesh when it is the destination's); ignored elsewhere. On one
+            mesh, where a bare ``PartitionSpec`` lives.
+        async_op: ``True``: return an ``fm.Pending`` at once (the first exchange started); its
+            ``wait()`` gives the result.
+        bucket_bytes: across meshes, the most bytes one exchange carries between ranks: leaves
+            are cut, in tree order, into buckets of at most that many (a larger leaf is one bucket
+            of its own), each its own exchanges; bounds the packed buffers' memory. ``None``: one
+            bucket.
 
     Returns:
-        A DTensor on the same torch mesh with ``sharding``'s placements.
+        On one mesh, a DTensor on the same torch mesh with ``sharding``'s placements. Across
+        meshes, on a rank of the destination, the tree of DTensors on ``mesh.device_mesh`` with the
+        destination's placements; ``None`` on every other rank. A ``Pending`` of it with
+        ``async_op=True``.
 
     Raises:
-        TypeError: ``dtensor`` is not a DTensor, or ``sharding`` not a ``NamedSharding``.
-        MeshError: ``sharding.mesh`` is not the mesh the DTensor lives on.
+        TypeError: a leaf that is neither a DTensor nor a ``ShapeDtypeStruct``, a sharding that is
+            neither a ``NamedSharding`` nor a ``PartitionSpec``, or ``mesh`` not a ``RealizedMesh``.
+        MeshError: across meshes, this rank is in neither mesh; ``mesh=`` is missing on a
+            destination rank or is not the destination's; an unreduced source; a DTensor on a
+            rank outside its source, or a ``ShapeDtypeStruct`` on a rank inside it; leaves bound for
+            different meshes; trees whose structures do not match; ranks that asked for different
+            calls (shapes, dtypes, shardings; checked under ``FUNCTIONAL_MESH_CHECK_COLLECTIVES``).
+            A bare ``PartitionSpec`` with no mesh to put it on.
 
     Examples:
         >>> import torch, torch.distributed as dist
@@ -242,17 +277,82 @@ def reshard(dtensor: DTensor, sharding: NamedSharding) -> DTensor:
         >>> y = fm.reshard(x, NamedSharding(mesh, P()))  # an all-gather over tp
         >>> fm.sharding_of(y), y.to_local().shape
         (NamedSharding(Mesh(dp=2, tp=4), P()), torch.Size([8]))
+        >>> with rm:
+        ...     fm.sharding_of(fm.reshard(x, P("dp")))  # a bare spec: on the current mesh
+        NamedSharding(Mesh(dp=2, tp=4), P('dp'))
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    if not isinstance(dtensor, DTensor):
-        raise TypeError(requires("reshard", "a DTensor", "dtensor", dtensor))
-    if not isinstance(sharding, NamedSharding):
-        raise TypeError(requires("reshard", "a NamedSharding", "sharding", sharding))
-    dm = dtensor.device_mesh
-    plan = _reshard_plan(dm, sharding.mesh, sharding.spec.key, _torch.global_rank())
-    if plan.problem:
-        raise MeshError(plan.problem, mesh=sharding.mesh)
-    return dtensor.redistribute(dm, plan.placements)
+    if isinstance(x, DTensor) and not async_op and bucket_bytes is None:
+        target = _as_sharding(sharding, mesh)
+        dm = x.device_mesh
+        plan = _reshard_plan(dm, target.mesh, target.spec.key, _torch.global_rank())
+        if not plan.problem:
+            return x.redistribute(dm, plan.placements)
+        if not plan.other_mesh or torch.compiler.is_compiling():
+            raise MeshError(plan.problem, mesh=target.mesh)
+    return _across(x, sharding, mesh, async_op, bucket_bytes)
+
+
+def _as_sharding(sharding: Any, mesh: Any) -> NamedSharding:
+    """A ``NamedSharding``, or a bare ``PartitionSpec`` put on ``mesh`` (default: the current mesh)."""
+    if isinstance(sharding, NamedSharding):
+        return sharding
+    if isinstance(sharding, PartitionSpec):
+        return NamedSharding(resolve_mesh("reshard", mesh).mesh, sharding)
+    raise TypeError(requires("reshard", "a NamedSharding or a PartitionSpec", "sharding", sharding))
+
+
+def _is_value(v: Any) -> bool:
+    return isinstance(v, (torch.Tensor, ShapeDtypeStruct))
+
+
+def _is_sharding(v: Any) -> bool:
+    return isinstance(v, (NamedSharding, PartitionSpec))
+
+
+def _across(x: Any, sharding: Any, mesh: Any, async_op: bool, bucket_bytes: int | None) -> Any:
+    """``reshard`` of a tree, or across meshes: the leaves and their shardings, for the transport."""
+    if bucket_bytes is not None and (isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int)
+                                     or bucket_bytes <= 0):
+        raise MeshError(requires("reshard", "bucket_bytes=None or a positive int", "bucket_bytes", bucket_bytes))
+    pytree = _torch.pytree
+    leaves, tree = pytree.tree_flatten(x, is_leaf=_is_value)
+    if _is_sharding(sharding):
+        flat = [sharding] * len(leaves)
+    else:
+        if isinstance(sharding, list) and isinstance(x, tuple):
+            sharding = tuple(sharding)
+        flat = pytree._broadcast_to_and_flatten(sharding, tree, is_leaf=_is_sharding)
+        if flat is None:
+            raise MeshError(requires("reshard", "a sharding tree that matches the value's tree (or a prefix of it)",
+                                     "sharding", sharding) + f"; the value has structure {tree}")
+    if not leaves:
+        return x
+    current = current_mesh()
+    srcs, dsts = [], []
+    for i, (leaf, s) in enumerate(zip(leaves, flat, strict=True)):
+        if isinstance(leaf, DTensor):
+            srcs.append(sharding_of(leaf))
+        elif isinstance(leaf, ShapeDtypeStruct):
+            if not isinstance(leaf.sharding, NamedSharding):
+                raise MeshError(requires("reshard", "a ShapeDtypeStruct with the source's NamedSharding (sharding=)",
+                                         f"leaf {i}.sharding", leaf.sharding))
+            srcs.append(leaf.sharding)
+        else:
+            raise TypeError(requires("reshard", "a DTensor or an fm.ShapeDtypeStruct for each leaf", f"leaf {i}", leaf))
+        if isinstance(s, PartitionSpec):
+            where = mesh if mesh is not None else current
+            if where is None:
+                raise MeshError(requires("reshard", "mesh=<RealizedMesh> or an enclosing `with rm:` block for a bare "
+                                         "PartitionSpec", "sharding", s))
+            s = NamedSharding(resolve_mesh("reshard", where).mesh, s)
+        elif not isinstance(s, NamedSharding):
+            raise TypeError(requires("reshard", "a NamedSharding or a PartitionSpec", f"sharding of leaf {i}", s))
+        dsts.append(s)
+    if mesh is None and current is not None and current.mesh == dsts[0].mesh:
+        mesh = current
+    return across(leaves, srcs, dsts, mesh, lambda outs: pytree.tree_unflatten(outs, tree),
+                  async_op=async_op, bucket_bytes=bucket_bytes)
 
 
 @torch.compiler.assume_constant_result
@@ -262,5 +362,6 @@ def _reshard_plan(dm: Any, mesh: Mesh, key: tuple[Any, ...], rank: int) -> _DTen
     submesh = mesh.group_of(rank)
     if tuple(dm.mesh_dim_names or ()) != mesh.axis_names or submesh is None or dm.mesh.tolist() != submesh.tolist():
         return _DTensorPlan(requires("reshard", "a sharding on the mesh the DTensor lives on", "sharding.mesh", mesh,
-                              f"the DTensor's mesh {from_device_mesh(dm)!r}"))
+                              f"the DTensor's mesh {from_device_mesh(dm)!r}")
+                            + " (under torch.compile; eagerly a reshard across meshes)", other_mesh=True)
     return _DTensorPlan("", NamedSharding(mesh, PartitionSpec.from_key(key)).placements)

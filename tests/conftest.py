@@ -39,6 +39,7 @@ SMOKE = {
     "shard_map": "tests/dist/test_shard_map_gloo.py::test_gradients_dtensor_and_plain_typed_and_untyped",
     "ragged": "tests/dist/test_ragged_gloo.py::test_uneven_and_zero_counts_every_way_of_giving_sizes_and_gradients",
     "async": "tests/dist/test_async_gloo.py::test_issuing_returns_before_the_peers_have_issued[composed]",
+    "reshard": "tests/dist/test_reshard_gloo.py::test_smoke_world4_disjoint",
 }
 
 
