@@ -134,6 +134,12 @@ def _count_before(n: int, sizes: tuple[int, ...], x: int) -> int:
     return count + (1 if length and start + length <= x else 0)
 
 
+def _pieces(shape: tuple[int, ...], sizes: tuple[tuple[int, ...], ...], block: list[tuple[int, int]]):
+    """The pieces of a split that meet ``block``: per dim ``(rank among those meeting it, (idx, start, stop))``."""
+    return itertools.product(*[tuple(enumerate(_leaves(n, s, lo, hi)))
+                               for n, s, (lo, hi) in zip(shape, sizes, block, strict=True)])
+
+
 def _linear(idx: tuple[int, ...], sizes: tuple[int, ...]) -> int:
     value = 0
     for i, s in zip(idx, sizes, strict=True):
@@ -173,16 +179,25 @@ class _Side:
             value = value * s + coord[p]
         return value
 
-    def rank_of(self, split: tuple[tuple[int, ...], ...], replica: int) -> int:
-        """The global rank at split coordinates ``split`` and replica index ``replica``: O(axes)."""
+    def split_position(self, split: tuple[tuple[int, ...], ...]) -> int:
+        """The split coordinates' part of a position in the device list."""
         modes, pos = self.modes, 0
         for axes, idx in zip(self.dims, split, strict=True):
             for p, i in zip(axes, idx, strict=True):
                 pos += L.modes_value(modes[p], i)
+        return pos
+
+    def replica_position(self, replica: int) -> int:
+        """The replica index's part of a position in the device list."""
+        modes, pos = self.modes, 0
         for p, s in zip(reversed(self.replica_axes), reversed(self.replica_sizes), strict=True):
             replica, c = divmod(replica, s)
             pos += L.modes_value(modes[p], c)
-        return self.devices[pos]
+        return pos
+
+    def rank_of(self, split: tuple[tuple[int, ...], ...], replica: int) -> int:
+        """The global rank at split coordinates ``split`` and replica index ``replica``: O(axes)."""
+        return self.devices[self.split_position(split) + self.replica_position(replica)]
 
     def block(self, shape: tuple[int, ...], split: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:
         return [_chunk(n, sizes, idx) for n, sizes, idx in zip(shape, self.sizes, split, strict=True)]
@@ -435,7 +450,8 @@ class ReshardPlan(Frozen):
                    for n, sizes, (b0, _), (p0, _) in zip(self.shape, d.sizes, block, piece, strict=True))
 
     def _rotation(self, block: list[tuple[int, int]], piece: list[tuple[int, int]]) -> int:
-        """The piece's rank among the source pieces that meet the block, summed over dims: the tree's root."""
+        """The piece's rank among the source pieces that meet the block, summed over dims: the tree's root
+        (what ``_pieces`` numbers them, counted here without listing them)."""
         s = self._s
         return sum(_count_before(n, sizes, p0) - _count_before(n, sizes, b0)
                    for n, sizes, (b0, _), (p0, _) in zip(self.shape, s.sizes, block, piece, strict=True))
@@ -484,19 +500,19 @@ class ReshardPlan(Frozen):
         held = self._held(rank)
         tree = self.relays and d.replicas > 1
         out = []
-        per_dim = [_leaves(n, sizes, lo, hi) for n, sizes, (lo, hi) in zip(shape, s.sizes, block, strict=True)]
-        for combo in itertools.product(*per_dim):
-            piece = tuple(leaf[0] for leaf in combo)
-            bounds = [(lo, hi) for _, lo, hi in combo]
+        base = d.split_position(b)
+        for combo in _pieces(shape, s.sizes, block):
+            piece = tuple(leaf[0] for _, leaf in combo)
+            bounds = [(lo, hi) for _, (_, lo, hi) in combo]
             if piece == held:
                 out.append(self._move(rank, rank, block, bounds, 0))
                 continue
             if tree:
-                k = self._rotation(block, bounds)
+                k = sum(i for i, _ in combo)  # the piece's rank among those meeting the block: the tree's root
                 at = (j - k) % d.replicas
                 if at:
                     stage = at.bit_length()
-                    parent = d.rank_of(b, (at - (1 << (stage - 1)) + k) % d.replicas)
+                    parent = d.devices[base + d.replica_position((at - (1 << (stage - 1)) + k) % d.replicas)]
                     # a parent that holds the piece in the source sends it in stage 0
                     out.append(self._move(parent, rank, block, bounds, 0 if self._holds(parent, piece) else stage))
                     continue
@@ -586,18 +602,18 @@ class ReshardPlan(Frozen):
         if any(lo == hi for lo, hi in block):
             return []
         out = []
-        per_dim = [_leaves(n, sizes, lo, hi) for n, sizes, (lo, hi) in zip(shape, s.sizes, block, strict=True)]
-        for combo in itertools.product(*per_dim):
-            piece = tuple(leaf[0] for leaf in combo)
-            bounds = [(lo, hi) for _, lo, hi in combo]
-            k = self._rotation(block, bounds)
+        base = d.split_position(b)
+        for combo in _pieces(shape, s.sizes, block):
+            piece = tuple(leaf[0] for _, leaf in combo)
+            bounds = [(lo, hi) for _, (_, lo, hi) in combo]
+            k = sum(i for i, _ in combo)
             at = (j - k) % d.replicas
             mine = self._holds(rank, piece)  # then it sends in stage 0, as a source holder
             for stage in range(at.bit_length() + 1, self._levels + 1):
                 child = at + (1 << (stage - 1))
                 if child >= d.replicas:
                     break
-                receiver = d.rank_of(b, (child + k) % d.replicas)
+                receiver = d.devices[base + d.replica_position((child + k) % d.replicas)]
                 if not self._holds(receiver, piece):
                     out.append(self._move(rank, receiver, block, bounds, 0 if mine else stage))
         return out
@@ -634,14 +650,67 @@ class ReshardPlan(Frozen):
 
     @property
     def max_send_bytes(self) -> int:
-        """The busiest sender's bytes, local copies excluded (0 when nothing moves). Read off :attr:`moves`."""
+        """The busiest sender's bytes, local copies excluded (0 when nothing moves).
+
+        When the two device lists' spans are apart (no rank in both), arithmetic per source piece and per
+        destination block (no move is listed); otherwise read off :attr:`moves`."""
         if "max_send_bytes" not in self._cache:
-            sent: dict[int, int] = {}
-            for m in self.moves:
-                if m.src_rank != m.dst_rank:
-                    sent[m.src_rank] = sent.get(m.src_rank, 0) + m.nbytes
-            self._cache["max_send_bytes"] = max(sent.values(), default=0)
+            if self._apart:
+                self._cache["max_send_bytes"] = max(self._source_loads(), self._relay_loads()) * self.itemsize
+            else:
+                sent: dict[int, int] = {}
+                for m in self.moves:
+                    if m.src_rank != m.dst_rank:
+                        sent[m.src_rank] = sent.get(m.src_rank, 0) + m.nbytes
+                self._cache["max_send_bytes"] = max(sent.values(), default=0)
         return self._cache["max_send_bytes"]
+
+    def _source_loads(self) -> int:
+        """The most elements one source rank sends (meshes apart: no receiver holds anything)."""
+        d, s, shape = self._d, self._s, self.shape
+        best = 0
+        for piece in _pieces(shape, s.sizes, [(0, n) for n in shape]):
+            split = tuple(leaf[0] for _, leaf in piece)
+            bounds = [(lo, hi) for _, (_, lo, hi) in piece]
+            units, sizes = np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64)
+            for n, dsizes, (lo, hi) in zip(shape, d.sizes, bounds, strict=True):
+                leaves = _leaves(n, dsizes, lo, hi)
+                units = np.add.outer(units, np.arange(len(leaves), dtype=np.int64)).ravel()
+                sizes = np.multiply.outer(sizes, np.array([min(hi, b) - max(lo, a) for _, a, b in leaves],
+                                                          dtype=np.int64)).ravel()
+            shift = (units + s.piece_offset(split)) % s.replicas  # the replica that sends a unit's first copy
+            if self.relays:  # one unit per block
+                load = np.bincount(shift, weights=sizes, minlength=s.replicas)
+            else:  # unit (block, j) = block * R_d + j: replica r sends the j = r - shift - block * R_d (mod R_s)
+                first = ((np.arange(s.replicas)[:, None] - (units * d.replicas + s.piece_offset(split)) % s.replicas)
+                         % s.replicas)
+                copies = np.where(first < d.replicas, (d.replicas - 1 - first) // s.replicas + 1, 0)
+                load = (copies * sizes[None, :]).sum(axis=1)
+            best = max(best, int(load.max()))
+        return best
+
+    def _relay_loads(self) -> int:
+        """The most elements one destination rank forwards (meshes apart: every replica needs every piece)."""
+        d, s, shape = self._d, self._s, self.shape
+        if not self.relays or d.replicas == 1 or math.prod(shape) == 0:
+            return 0
+        at = np.arange(d.replicas, dtype=np.int64)
+        children = np.zeros(d.replicas, dtype=np.int64)  # per tree position: how many it sends to
+        for stage in range(1, self._levels + 1):
+            half = 1 << (stage - 1)
+            children += (at < half) & (at + half < d.replicas)
+        best = 0
+        for block in _pieces(shape, d.sizes, [(0, n) for n in shape]):
+            bounds = [(lo, hi) for _, (_, lo, hi) in block]
+            per_root = np.zeros(d.replicas, dtype=np.int64)  # elements of the pieces rooted at each position
+            for combo in _pieces(shape, s.sizes, bounds):
+                k = sum(i for i, _ in combo) % d.replicas
+                per_root[k] += math.prod(min(hi, b) - max(lo, a) for (_, (_, a, b)), (lo, hi) in zip(combo, bounds))
+            load = np.zeros(d.replicas, dtype=np.int64)
+            for k in np.flatnonzero(per_root).tolist():  # position j is at (j - k) in the tree of a piece rooted at k
+                load += per_root[k] * np.roll(children, k)
+            best = max(best, int(load.max()))
+        return best
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ReshardPlan):
