@@ -202,6 +202,28 @@ class _Side:
     def block(self, shape: tuple[int, ...], split: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:
         return [_chunk(n, sizes, idx) for n, sizes, idx in zip(shape, self.sizes, split, strict=True)]
 
+    def blocks_of(self, shape: tuple[int, ...], ranks: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per dim, ``[start, stop)`` of the blocks of ``ranks`` (all devices of this mesh), as arrays."""
+        devices = self.devices
+        if devices.is_symbolic:
+            step = devices[1] - devices[0] if len(devices) > 1 else 1
+            positions = (ranks - devices[0]) // step
+        else:
+            array = devices.to_array()
+            order = np.argsort(array, kind="stable")
+            positions = order[np.searchsorted(array[order], ranks)]
+        coords = [L.digits_value(m, positions) for m in self.modes]
+        out = []
+        for n, axes in zip(shape, self.dims, strict=True):
+            start, length = np.zeros(ranks.size, dtype=np.int64), np.full(ranks.size, n, dtype=np.int64)
+            for p in axes:
+                size = self.mesh.axis_sizes[p]
+                piece = -(-length // size)
+                lo = np.minimum(coords[p] * piece, length)
+                start, length = start + lo, np.minimum(piece, length - lo)
+            out.append((start, start + length))
+        return out
+
     def piece_offset(self, split: tuple[tuple[int, ...], ...]) -> int:
         value = 0
         for idx, sizes in zip(split, self.sizes, strict=True):
@@ -639,13 +661,13 @@ class ReshardPlan(Frozen):
         apart)."""
         if "bytes_moved" not in self._cache:
             total = self._d.replicas * math.prod(self.shape)  # the destination blocks tile the tensor
-            local = 0
-            for rank in _common_ranks(self._s.devices, self._d.devices).tolist():
-                mine = self._d.block(self.shape, self._d.split(self._d.mesh.coordinate(rank)))
-                held = self._s.block(self.shape, self._s.split(self._s.mesh.coordinate(rank)))
-                local += math.prod(max(0, min(a1, b1) - max(a0, b0))
-                                   for (a0, a1), (b0, b1) in zip(mine, held, strict=True))
-            self._cache["bytes_moved"] = (total - local) * self.itemsize
+            common = _common_ranks(self._s.devices, self._d.devices)
+            local = np.ones(common.size, dtype=np.int64)
+            if common.size:  # what each rank of both meshes holds of its own block, all at once
+                mine, held = self._d.blocks_of(self.shape, common), self._s.blocks_of(self.shape, common)
+                for (a0, a1), (b0, b1) in zip(mine, held, strict=True):
+                    local *= np.maximum(0, np.minimum(a1, b1) - np.maximum(a0, b0))
+            self._cache["bytes_moved"] = (total - int(local.sum())) * self.itemsize
         return self._cache["bytes_moved"]
 
     @property
