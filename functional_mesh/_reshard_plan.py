@@ -712,25 +712,32 @@ class ReshardPlan(Frozen):
         return best
 
     def _relay_loads(self) -> int:
-        """The most elements one destination rank forwards (meshes apart: every replica needs every piece)."""
+        """The most elements one destination rank forwards (meshes apart: every replica needs every piece).
+
+        A tree position ``a`` sends to the ``2**m`` with ``a < 2**m < R - a`` (all ``2**m < R`` for the root),
+        a count that never grows with ``a``. Position ``j`` of a block is at ``j - k`` in the tree of a piece
+        rooted at ``k``, so past the last root the load only falls: only ``j <= max k`` are evaluated."""
         d, s, shape = self._d, self._s, self.shape
-        if not self.relays or d.replicas == 1 or math.prod(shape) == 0:
+        replicas = d.replicas
+        if not self.relays or replicas == 1 or math.prod(shape) == 0:
             return 0
-        at = np.arange(d.replicas, dtype=np.int64)
-        children = np.zeros(d.replicas, dtype=np.int64)  # per tree position: how many it sends to
-        for stage in range(1, self._levels + 1):
-            half = 1 << (stage - 1)
-            children += (at < half) & (at + half < d.replicas)
+        powers = [1 << m for m in range(self._levels)]
         best = 0
         for block in _pieces(shape, d.sizes, [(0, n) for n in shape]):
             bounds = [(lo, hi) for _, (_, lo, hi) in block]
-            per_root = np.zeros(d.replicas, dtype=np.int64)  # elements of the pieces rooted at each position
+            per_root: dict[int, int] = {}  # elements of the pieces rooted at each position
             for combo in _pieces(shape, s.sizes, bounds):
-                k = sum(i for i, _ in combo) % d.replicas
-                per_root[k] += math.prod(min(hi, b) - max(lo, a) for (_, (_, a, b)), (lo, hi) in zip(combo, bounds))
-            load = np.zeros(d.replicas, dtype=np.int64)
-            for k in np.flatnonzero(per_root).tolist():  # position j is at (j - k) in the tree of a piece rooted at k
-                load += per_root[k] * np.roll(children, k)
+                k = sum(i for i, _ in combo) % replicas
+                per_root[k] = per_root.get(k, 0) + math.prod(
+                    min(hi, b) - max(lo, a) for (_, (_, a, b)), (lo, hi) in zip(combo, bounds, strict=True))
+            j = np.arange(min(max(per_root), replicas - 1) + 1, dtype=np.int64)
+            load = np.zeros(j.size, dtype=np.int64)
+            for k, size in per_root.items():
+                at = (j - k) % replicas
+                sends = np.zeros(j.size, dtype=np.int64)
+                for h in powers:
+                    sends += (at < h) & (at + h < replicas)
+                load += size * sends
             best = max(best, int(load.max()))
         return best
 

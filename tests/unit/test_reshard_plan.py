@@ -201,6 +201,10 @@ def test_one_ranks_moves_on_a_world_that_cannot_be_listed():
             assert any(n.index == m.index and n.stage < m.stage for n in plan.receives(m.src_rank))
     # disjoint spans: the lower bound is arithmetic (every destination rank needs its whole block)
     assert plan.bytes_moved == (HUGE // 8) * 8192 * 4096 * 2
+    # the busiest sender: replica position 63 of a block, at tree position 63 - k for the piece rooted at
+    # k = 0..63; position a of a tree of 2**37 sends to the 2**m > a (m < 37): 37 for the root, 36 for 1,
+    # 35 for 2-3, ..., 31 for 32-63: 37 + 36 + 2*35 + 4*34 + 8*33 + 16*32 + 32*31 = 2047 pieces of 128 x 512
+    assert plan.max_send_bytes == 2047 * 128 * 512 * 2
 
 
 def test_bytes_moved_visits_only_the_ranks_of_both_meshes():
