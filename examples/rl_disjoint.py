@@ -9,14 +9,17 @@ Run:  OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=8 examples/rl_dis
    other side's ranks.
 2. The trainer takes one data-parallel SGD step of a linear model (gradient summed over tp
    halves, then over dp).
-3. A bridge mesh (side=2, tp=2) = [[0, 1], [6, 7]] joins the trainer's first dp row to the
-   generator: its four ranks realize it members-only, and ``fm.ppermute`` over "side" sends
-   each trainer tp shard to the generator rank at the same tp position.
-4. The generator gathers the two shards over its own tp axis. Checks: every trainer rank holds
-   the same weights (``fm.all_gather`` over dp) and they equal a single-process step; the
-   generator's full copy, sent back over the bridge, equals the trainer's bit for bit.
+3. The refit: ``fm.reshard`` moves the trainer's weights (a DTensor sharded over tp) to the
+   generator's mesh, replicated: every rank of both meshes calls it once; trainer ranks pass their
+   DTensor, generator ranks an ``fm.ShapeDtypeStruct`` (they hold none of the source) and their
+   realized mesh. The plan sends each trainer tp shard to one generator rank, which forwards it to
+   the other (a relay stage), in one all-to-all per stage over a bridge group of the ranks of both
+   meshes, which realize makes (here they are the whole world, so it is the default group).
+4. Checks: every trainer rank holds the same weights (``fm.all_gather`` over dp) and they equal a
+   single-process step; the generator's full copy, resharded back to the trainer, equals the
+   trainer's bit for bit.
 
-Runs on CPU (gloo) and, unchanged, on CUDA (NCCL).
+Runs on CPU (gloo); written for CUDA (NCCL) too, but not run on a GPU here.
 """
 
 from __future__ import annotations
@@ -36,12 +39,11 @@ def main() -> None:
     world = fm.make_mesh((8,), ("r",))
     trainer_mesh = world.take(r=slice(0, 6)).unflatten("r", {"dp": 3, "tp": 2})
     generator_mesh = world.take(r=[6, 7]).rename({"r": "tp"})
-    bridge_mesh = fm.make_mesh((4, 2), ("side", "tp")).take(side=[0, 3])  # [[0, 1], [6, 7]]
 
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(12, 4, generator=gen, dtype=torch.float64), torch.randn(12, 1, generator=gen, dtype=torch.float64)
     w0 = torch.zeros(4, 1, dtype=torch.float64)
-    w = None
+    w: torch.Tensor | None = None
     if rank < 6:
         rm = fm.realize(trainer_mesh, members_only=True)
         dp = fm.realize(trainer_mesh["dp"], members_only=True)  # equal rank sets: the same groups
@@ -62,19 +64,20 @@ def main() -> None:
         rm = fm.realize(generator_mesh.rename({"tp": "gen"}), members_only=True)  # the other order
         again = fm.realize(generator_mesh, members_only=True)
         assert again.group("tp") is rm.group("gen")
-    if rank in (0, 1, 6, 7):  # trainer shard t -> generator rank at tp position t
-        bridge = fm.realize(bridge_mesh, members_only=True)
-        t = bridge.local_rank("tp")
-        shard = w[t * 2:(t + 1) * 2] if rank < 6 else torch.zeros(2, 1, dtype=torch.float64)
-        got = fm.ppermute(shard, "side", [(0, 1)], mesh=bridge)  # the trainer side receives zeros
-    if rank >= 6:
-        gen_w = fm.all_gather(got, "tp", mesh=again)  # the generator's full copy, over its own mesh
-        print(f"rank {rank}: generator weights {gen_w.flatten().tolist()}")
-    if rank in (0, 1, 6, 7):  # the copy goes back for the trainer to compare
-        back = fm.ppermute(gen_w if rank >= 6 else torch.zeros(4, 1, dtype=torch.float64), "side", [(1, 0)],
-                           mesh=bridge)
-        if rank < 6:
-            assert torch.equal(back, w), f"the generator's copy {back.flatten().tolist()} is not the trainer's"
+    spec = fm.NamedSharding(trainer_mesh, fm.P("tp"))  # the trainer's weights: rows split over tp
+    if rank < 6:
+        w = fm.distribute(w, spec, mesh=rm)
+    else:
+        w = fm.ShapeDtypeStruct((4, 1), torch.float64, sharding=spec)  # a generator rank holds none of it
+    gen_w = fm.reshard(w, fm.NamedSharding(generator_mesh, fm.P()), mesh=again if rank >= 6 else None)
+    if rank >= 6:  # a full copy on every generator rank
+        print(f"rank {rank}: generator weights {gen_w.to_local().flatten().tolist()}")
+    back_from = gen_w if rank >= 6 else fm.ShapeDtypeStruct((4, 1), torch.float64,
+                                                           sharding=fm.NamedSharding(generator_mesh, fm.P()))
+    back = fm.reshard(back_from, fm.NamedSharding(trainer_mesh, fm.P()), mesh=rm if rank < 6 else None)
+    if rank < 6:  # the copy came back for the trainer to compare
+        assert torch.equal(back.to_local(), w.full_tensor()), (
+            f"the generator's copy {back.to_local().flatten().tolist()} is not the trainer's")
     if rank == 0:
         print("trainer (ranks 0-5) and generator (ranks 6-7) realized members-only; generator's copy equals the "
               "trainer's weights")
