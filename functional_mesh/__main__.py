@@ -1,8 +1,9 @@
-"""Command line: ``python -m functional_mesh show "dp=2,cp=2,tp=2"`` (or ``functional-mesh show ...``).
+"""Command line: ``python -m functional_mesh show "dp=2,cp=2,tp=2"`` (or ``functional-mesh show ...``), and ``plan``.
 
 Prints a mesh's rank grid and the groups of each axis, after optional transformations applied
 in the order given, and optionally where its axes sit on hosts and how a sharding places a
-tensor's blocks. Pure: it never imports torch. Bad arguments exit with status 2 and a message
+tensor's blocks; ``plan`` prints who sends which block to whom to reshard between two meshes
+(``fm.plan_reshard``). Pure: it never imports torch. Bad arguments exit with status 2 and a message
 naming the bad value.
 """
 
