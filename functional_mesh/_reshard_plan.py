@@ -255,6 +255,29 @@ def _common_ranks(a, b) -> np.ndarray:
     return ranks[np.isin(ranks, large.to_array())]
 
 
+class _PlanRanks:
+    """One side's ranks: membership and length without listing them (iterating lists them)."""
+
+    __slots__ = ("devices",)
+
+    def __init__(self, devices) -> None:
+        self.devices = devices
+
+    def __contains__(self, rank: object) -> bool:
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or rank < 0:
+            return False
+        return self.devices.index_of(int(rank)) is not None
+
+    def __len__(self) -> int:
+        return len(self.devices)
+
+    def __iter__(self):
+        return iter(self.devices.to_array().tolist())
+
+    def __repr__(self) -> str:
+        return f"ranks {self.devices.describe()}"
+
+
 class Move(Frozen):
     """One message of a plan: ``src_rank`` sends the block ``index`` of the global tensor to ``dst_rank``.
 
@@ -393,14 +416,14 @@ class ReshardPlan(Frozen):
         return 0 if math.prod(self.shape) == 0 else 1 + self._levels
 
     @property
-    def src_ranks(self):
-        """The source's device list (a ``DeviceList``: ``len``, ``index_of``, never listed); see :meth:`in_src`."""
-        return self._s.devices
+    def src_ranks(self) -> _PlanRanks:
+        """The source's ranks: ``rank in plan.src_ranks`` and ``len`` in O(1) on a range, never listed unless iterated."""
+        return _PlanRanks(self._s.devices)
 
     @property
-    def dst_ranks(self):
-        """The destination's device list (a ``DeviceList``); see :meth:`in_dst`."""
-        return self._d.devices
+    def dst_ranks(self) -> _PlanRanks:
+        """The destination's ranks, as :attr:`src_ranks`."""
+        return _PlanRanks(self._d.devices)
 
     def in_src(self, rank: int) -> bool:
         """Whether ``rank`` is a device of the source mesh: O(1) for a range of devices.
@@ -674,10 +697,10 @@ class ReshardPlan(Frozen):
     def max_send_bytes(self) -> int:
         """The busiest sender's bytes, local copies excluded (0 when nothing moves).
 
-        When the two device lists' spans are apart (no rank in both), arithmetic per source piece and per
-        destination block (no move is listed); otherwise read off :attr:`moves`."""
+        When no rank is in both meshes, arithmetic per source piece and per destination block (no move is
+        listed); otherwise read off :attr:`moves`."""
         if "max_send_bytes" not in self._cache:
-            if self._apart:
+            if self._apart or _common_ranks(self._s.devices, self._d.devices).size == 0:
                 self._cache["max_send_bytes"] = max(self._source_loads(), self._relay_loads()) * self.itemsize
             else:
                 sent: dict[int, int] = {}

@@ -122,6 +122,8 @@ def test_dtype_spellings_and_values():
         m.stage = 1
     assert repr(plan).startswith("ReshardPlan((4,) x 4 bytes: Mesh(tp=2) P('tp') -> Mesh(dp=2; devices 2..3) P(), 2 stages")
     assert plan.in_src(1) and not plan.in_src(2) and plan.in_dst(3) and len(plan.dst_ranks) == 2
+    assert 1 in plan.src_ranks and 2 not in plan.src_ranks and -1 not in plan.src_ranks and "1" not in plan.src_ranks
+    assert list(plan.dst_ranks) == [2, 3] and repr(plan.dst_ranks) == "ranks 2..3"
 
 
 ERRORS = [
@@ -193,6 +195,7 @@ def test_one_ranks_moves_on_a_world_that_cannot_be_listed():
     assert {(m.index[1].start, m.index[1].stop) for m in got} == {(1536, 2048)}
     assert all(m.nbytes == 128 * 512 * 2 for m in got)
     assert plan.stages == 1 + 37 and all(m.stage < plan.stages for m in got)
+    assert rank in plan.dst_ranks and rank not in plan.src_ranks and len(plan.dst_ranks) == HUGE
     # every source rank sends its piece once (to the root of its block's tree), relays do the rest
     assert [(m.dst_rank, m.stage) for m in plan.sends(8 * 5 + 3)] == [(plan.sends(8 * 5 + 3)[0].dst_rank, 0)]
     for m in got:  # the sender of each piece holds it: in the source (stage 0) or received before
