@@ -3,7 +3,7 @@
 :func:`plan_reshard` takes a source and a destination :class:`~functional_mesh.NamedSharding` (on any
 two meshes: disjoint, overlapping, or the same devices in another order), a global shape and a dtype,
 and returns a :class:`ReshardPlan`: a value that answers, for one rank, what it receives and what it
-sends (:meth:`ReshardPlan.receives`, :meth:`ReshardPlan.sends`), each a tuple of :class:`Move`\\ s.
+sends (:meth:`ReshardPlan.receives`, :meth:`ReshardPlan.sends`), each a tuple of moves (:class:`Move`).
 
 Everything is computed from the two layouts, never by listing the world:
 
