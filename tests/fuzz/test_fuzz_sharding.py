@@ -382,4 +382,50 @@ def placements_case(draw):
     return valid(f"{sh!r}.placements", lambda: sh.placements, check)
 
 
+# -- plan_reshard ----------------------------------------------------------------------------------
+
+
+@REG.entry("plan_reshard")
+def plan_reshard_case(draw):
+    from functional_mesh import plan_reshard
+
+    a, b = draw(derived_meshes(16)), draw(derived_meshes(16))
+    src, dst = NamedSharding(a, P(*draw(specs_for(a)))), NamedSharding(b, P(*draw(specs_for(b))))
+    ndim = max(len(src.spec), len(dst.spec)) + draw(st.integers(0, 1))
+    shape = tuple(draw(st.integers(0, 7)) for _ in range(ndim))
+    dtype = pick(draw, ["float32", "bfloat16", "torch.int64", torch.float16, np.dtype("int8")])
+    relays = draw(st.booleans())
+    for name, sh in (("src", src), ("dst", dst)):
+        if sh.mesh.num_groups != 1:  # a family: plan each group on its own mesh
+            return bad(f"{name} mesh {sh.mesh!r} is a family", lambda: plan_reshard(src, dst, shape, dtype), sh.mesh)
+
+    def check(plan):  # every destination rank receives its block once (local copies included), never more
+        itemsize = plan.itemsize
+        for rank in b.devices.tolist()[:8]:
+            block = dst.local_slices(shape, rank)
+            want = math.prod(s.stop - s.start for s in block) * itemsize
+            assert sum(m.nbytes for m in plan.receives(rank)) == want, (rank, plan)
+        assert 0 <= plan.bytes_moved <= b.num_devices * math.prod(shape) * itemsize
+
+    kind = pick(draw, ["valid", "valid", "dtype", "shape", "unreduced", "relays"])
+    if kind == "valid":
+        return valid(f"plan_reshard({src!r}, {dst!r}, {shape}, {dtype!r})",
+                     lambda: plan_reshard(src, dst, shape, dtype, relays=relays), check)
+    if kind == "dtype":
+        v = pick(draw, ["float33", "", _OBJ, 4, None])
+        return bad(f"dtype={v!r}", lambda: plan_reshard(src, dst, shape, v), v)
+    if kind == "relays":
+        v = pick(draw, [1, 0, "yes", None])
+        return bad(f"relays={v!r}", lambda: plan_reshard(src, dst, shape, dtype, relays=v), v)
+    if kind == "shape" and len(src.spec):
+        v = shape[:len(src.spec) - 1]
+        return bad(f"shape={v!r} for {src.spec}", lambda: plan_reshard(src, dst, v, dtype), v)
+    spare = [n for n in a.axis_names if not any(n in src.spec.axes_of(d) for d in range(len(src.spec)))]
+    if not spare:
+        return valid(f"plan_reshard({src!r}, {dst!r}, {shape}, {dtype!r})",
+                     lambda: plan_reshard(src, dst, shape, dtype, relays=relays), check)
+    pending = NamedSharding(a, P(*src.spec, unreduced=spare[:1]))
+    return bad(f"unreduced {spare[0]!r}", lambda: plan_reshard(pending, dst, shape, dtype), pending.spec)
+
+
 test_entry_point = REG.test()
