@@ -723,14 +723,17 @@ class ReshardPlan(Frozen):
                 units = np.add.outer(units, np.arange(len(leaves), dtype=np.int64)).ravel()
                 sizes = np.multiply.outer(sizes, np.array([min(hi, b) - max(lo, a) for _, a, b in leaves],
                                                           dtype=np.int64)).ravel()
-            shift = (units + s.piece_offset(split)) % s.replicas  # the replica that sends a unit's first copy
-            if self.relays:  # one unit per block
-                load = np.bincount(shift, weights=sizes, minlength=s.replicas)
+            if self.relays:  # one unit per block, sent by replica (unit + piece offset) mod R_s
+                load = np.bincount((units + s.piece_offset(split)) % s.replicas, weights=sizes,
+                                   minlength=s.replicas)
             else:  # unit (block, j) = block * R_d + j: replica r sends the j = r - shift - block * R_d (mod R_s)
-                first = ((np.arange(s.replicas)[:, None] - (units * d.replicas + s.piece_offset(split)) % s.replicas)
-                         % s.replicas)
-                copies = np.where(first < d.replicas, (d.replicas - 1 - first) // s.replicas + 1, 0)
-                load = (copies * sizes[None, :]).sum(axis=1)
+                load = np.zeros(s.replicas, dtype=np.int64)
+                step = max(1, 2**22 // s.replicas)  # blocks at a time: the table below stays ~4M entries
+                for at in range(0, units.size, step):
+                    shift = (units[at:at + step] * d.replicas + s.piece_offset(split)) % s.replicas
+                    first = (np.arange(s.replicas)[:, None] - shift[None, :]) % s.replicas
+                    copies = np.where(first < d.replicas, (d.replicas - 1 - first) // s.replicas + 1, 0)
+                    load += (copies * sizes[None, at:at + step]).sum(axis=1)
             best = max(best, int(load.max()))
         return best
 
