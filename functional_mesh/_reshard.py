@@ -18,6 +18,8 @@ to which rank, in which stage. The transport runs it:
 - ``bucket_bytes`` bounds what one exchange carries: leaves are cut, in tree order, into buckets of
   at most that many bytes crossing ranks (a larger leaf is a bucket of its own), each its own
   exchanges.
+- Each rank asks the plans for its own moves only (``sends``/``receives``) and for their sizes
+  (``bytes_moved``, ``stages``), never for the list of every move, which names every rank.
 
 With ``async_op=True`` the first exchange is started and a :class:`~functional_mesh.Pending`
 returned; ``wait()`` waits for it and runs the rest (later stages and buckets, blocking).
@@ -61,6 +63,8 @@ class _Leaf(NamedTuple):
     src_block: tuple[slice, ...] | None
     dst_block: tuple[slice, ...] | None
     out: torch.Tensor | None  # this rank's destination block, filled by the moves; None outside
+    sends: tuple[Any, ...]  # this rank's moves out and in (the plan's canonical order), asked once
+    receives: tuple[Any, ...]
     relays: bool  # this rank forwards pieces it received (sends in a stage > 0)
 
 
@@ -224,16 +228,24 @@ def _plan_leaf(x: Any, src: NamedSharding, dst: NamedSharding, shape: tuple[int,
     out = None
     if dst_block is not None:
         out = torch.empty(tuple(s.stop - s.start for s in dst_block), dtype=dtype, device=device)
-    return _Leaf(plan, dtype, shape, local, src_block, dst_block, out,
-                 any(m.stage > 0 for m in plan.sends(rank)))
+    sends, receives = plan.sends(rank), plan.receives(rank)
+    return _Leaf(plan, dtype, shape, local, src_block, dst_block, out, sends, receives,
+                 any(m.stage > 0 for m in sends))
 
 
 def _exchanges(leaves: list[_Leaf], bucket_bytes: int | None, rank: int) -> list[tuple[tuple[int, ...], int, bool]]:
-    """``(leaf indices, stage, whether any rank sends to another)`` per exchange, in the order every rank runs them."""
+    """``(leaf indices, stage, whether anything crosses between ranks)`` per exchange, in the order every rank
+    runs them.
+
+    From each plan's size alone (``bytes_moved``, ``stages``: arithmetic on the layouts), never from its
+    list of moves, which names every destination rank: a bucket whose leaves move no byte between ranks
+    skips its exchanges; otherwise each stage is one exchange (a relay stage of another leaf may carry
+    nothing from this one).
+    """
     buckets: list[list[int]] = [[]]
     size = 0
     for i, leaf in enumerate(leaves):
-        crossing = sum(m.nbytes for m in leaf.plan.moves if m.src_rank != m.dst_rank)
+        crossing = leaf.plan.bytes_moved
         if bucket_bytes is not None and buckets[-1] and size + crossing > bucket_bytes:
             buckets.append([])
             size = 0
@@ -241,11 +253,9 @@ def _exchanges(leaves: list[_Leaf], bucket_bytes: int | None, rank: int) -> list
         size += crossing
     out = []
     for bucket in buckets:
+        crosses = any(leaves[i].plan.bytes_moved for i in bucket)
         stages = max((leaves[i].plan.stages for i in bucket), default=0)
-        for k in range(stages):
-            crosses = any(m.stage == k and m.src_rank != m.dst_rank and m.nbytes
-                          for i in bucket for m in leaves[i].plan.moves)
-            out.append((tuple(bucket), k, crosses))
+        out += [(tuple(bucket), k, crosses) for k in range(stages)]
     return out
 
 
@@ -280,14 +290,14 @@ def _pack(call: _Call, bucket: tuple[int, ...], stage: int, crosses: bool) -> tu
     frm: list[list[tuple[int, Any]]] = [[] for _ in union]
     for i in bucket:
         leaf = call.leaves[i]
-        for m in leaf.plan.sends(rank):
+        for m in leaf.sends:
             if m.stage != stage or not m.nbytes:
                 continue
             if m.dst_rank == rank:
                 _place(call, i, m.index, _piece(call, i, m.index))
             else:
                 to[position[m.dst_rank]].append((i, m))
-        for m in leaf.plan.receives(rank):
+        for m in leaf.receives:
             if m.stage == stage and m.nbytes and m.src_rank != rank:
                 frm[position[m.src_rank]].append((i, m))
     if not crosses:
