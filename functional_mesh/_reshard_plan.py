@@ -15,7 +15,9 @@ Everything is computed from the two layouts, never by listing the world:
   piece, modulo the number of replicas, so the replicas share the sending;
 - with ``relays=True``, the destination's replicas (its mesh axes that split no dim) forward each
   piece to each other in a doubling tree (stage 1, 2, ...), so the source sends each byte once per
-  distinct destination block; the tree's root is rotated per piece, so the forwarding is shared too.
+  distinct destination block; piece ``k`` of the ``p`` meeting a block has its tree rooted at replica
+  ``(k * R) // p`` of its ``R`` replicas, so the roots lie evenly apart and each replica forwards about one
+  block.
 
 A destination rank that holds a piece in the source copies it locally (a move to itself) and
 receives it from no one; it still forwards it in the tree, in stage 0 (it holds it in the source). ``bytes_moved`` is then the lower bound:
@@ -134,10 +136,23 @@ def _count_before(n: int, sizes: tuple[int, ...], x: int) -> int:
     return count + (1 if length and start + length <= x else 0)
 
 
+def _piece_lists(shape: tuple[int, ...], sizes: tuple[tuple[int, ...], ...],
+                 block: list[tuple[int, int]]) -> list[tuple[tuple[int, tuple[tuple[int, ...], int, int]], ...]]:
+    """Per dim, the leaves of a split that meet ``block``: ``(rank among those meeting it, (idx, start, stop))``."""
+    return [tuple(enumerate(_leaves(n, s, lo, hi))) for n, s, (lo, hi) in zip(shape, sizes, block, strict=True)]
+
+
 def _pieces(shape: tuple[int, ...], sizes: tuple[tuple[int, ...], ...], block: list[tuple[int, int]]):
-    """The pieces of a split that meet ``block``: per dim ``(rank among those meeting it, (idx, start, stop))``."""
-    return itertools.product(*[tuple(enumerate(_leaves(n, s, lo, hi)))
-                               for n, s, (lo, hi) in zip(shape, sizes, block, strict=True)])
+    """The pieces of a split that meet ``block``, row-major over the dims: per dim ``(rank, (idx, start, stop))``."""
+    return itertools.product(*_piece_lists(shape, sizes, block))
+
+
+def _root(k: int, count: int, replicas: int) -> int:
+    """The replica at the root of the tree of piece ``k`` of the ``count`` meeting a block: ``(k * R) // count``.
+
+    Fewer pieces than replicas: the roots lie ``R / count`` apart. More: each replica roots ``count / R`` of
+    them, consecutive pieces together."""
+    return k * replicas // count
 
 
 def _linear(idx: tuple[int, ...], sizes: tuple[int, ...]) -> int:
@@ -494,12 +509,15 @@ class ReshardPlan(Frozen):
         return sum(_count_before(n, sizes, b0) - _count_before(n, sizes, p0)
                    for n, sizes, (b0, _), (p0, _) in zip(self.shape, d.sizes, block, piece, strict=True))
 
-    def _rotation(self, block: list[tuple[int, int]], piece: list[tuple[int, int]]) -> int:
-        """The piece's rank among the source pieces that meet the block, summed over dims: the tree's root
-        (what ``_pieces`` numbers them, counted here without listing them)."""
-        s = self._s
-        return sum(_count_before(n, sizes, p0) - _count_before(n, sizes, b0)
-                   for n, sizes, (b0, _), (p0, _) in zip(self.shape, s.sizes, block, piece, strict=True))
+    def _tree_root(self, block: list[tuple[int, int]], piece: list[tuple[int, int]]) -> int:
+        """The replica at the root of the piece's tree in the block: :func:`_root` of the piece's row-major rank
+        among the source pieces that meet the block (the order of ``_pieces``, counted here without listing them)."""
+        k, count = 0, 1
+        for n, sizes, (b0, b1), (p0, _) in zip(self.shape, self._s.sizes, block, piece, strict=True):
+            first = _count_before(n, sizes, b0)  # the leaves before the block; then the ones that meet it
+            meet = _count_before(n, sizes, b1 - 1) + 1 - first
+            k, count = k * meet + _count_before(n, sizes, p0) - first, count * meet
+        return _root(k, count, self._d.replicas)
 
     def _source_holder(self, piece: tuple[tuple[int, ...], ...], unit: int) -> int:
         s = self._s
@@ -546,18 +564,20 @@ class ReshardPlan(Frozen):
         tree = self.relays and d.replicas > 1
         out = []
         base = d.split_position(b)
-        for combo in _pieces(shape, s.sizes, block):
+        lists = _piece_lists(shape, s.sizes, block)
+        count = math.prod(len(x) for x in lists)
+        for k, combo in enumerate(itertools.product(*lists)):
             piece = tuple(leaf[0] for _, leaf in combo)
             bounds = [(lo, hi) for _, (_, lo, hi) in combo]
             if piece == held:
                 out.append(self._move(rank, rank, block, bounds, 0))
                 continue
             if tree:
-                k = sum(i for i, _ in combo)  # the piece's rank among those meeting the block: the tree's root
-                at = (j - k) % d.replicas
+                root = _root(k, count, d.replicas)  # k: the piece's row-major rank among those meeting the block
+                at = (j - root) % d.replicas
                 if at:
                     stage = at.bit_length()
-                    parent = d.devices[base + d.replica_position((at - (1 << (stage - 1)) + k) % d.replicas)]
+                    parent = d.devices[base + d.replica_position((at - (1 << (stage - 1)) + root) % d.replicas)]
                     # a parent that holds the piece in the source sends it in stage 0
                     out.append(self._move(parent, rank, block, bounds, 0 if self._holds(parent, piece) else stage))
                     continue
@@ -629,7 +649,7 @@ class ReshardPlan(Frozen):
                 b = tuple(leaf[0] for leaf in leaves)
                 block = [(lo, hi) for _, lo, hi in leaves]
                 if tree and d.replicas > 1:
-                    j = self._rotation(block, bounds) % d.replicas
+                    j = self._tree_root(block, bounds)
                 receiver = d.rank_of(b, j)
                 if receiver != rank and not self._holds(receiver, piece):
                     out.append(self._move(rank, receiver, block, bounds, 0))
@@ -648,17 +668,19 @@ class ReshardPlan(Frozen):
             return []
         out = []
         base = d.split_position(b)
-        for combo in _pieces(shape, s.sizes, block):
+        lists = _piece_lists(shape, s.sizes, block)
+        count = math.prod(len(x) for x in lists)
+        for k, combo in enumerate(itertools.product(*lists)):
             piece = tuple(leaf[0] for _, leaf in combo)
             bounds = [(lo, hi) for _, (_, lo, hi) in combo]
-            k = sum(i for i, _ in combo)
-            at = (j - k) % d.replicas
+            root = _root(k, count, d.replicas)
+            at = (j - root) % d.replicas
             mine = self._holds(rank, piece)  # then it sends in stage 0, as a source holder
             for stage in range(at.bit_length() + 1, self._levels + 1):
                 child = at + (1 << (stage - 1))
                 if child >= d.replicas:
                     break
-                receiver = d.devices[base + d.replica_position((child + k) % d.replicas)]
+                receiver = d.devices[base + d.replica_position((child + root) % d.replicas)]
                 if not self._holds(receiver, piece):
                     out.append(self._move(rank, receiver, block, bounds, 0 if mine else stage))
         return out
@@ -740,30 +762,37 @@ class ReshardPlan(Frozen):
     def _relay_loads(self) -> int:
         """The most elements one destination rank forwards (meshes apart: every replica needs every piece).
 
-        A tree position ``a`` sends to the ``2**m`` with ``a < 2**m < R - a`` (all ``2**m < R`` for the root),
-        a count that never grows with ``a``. Position ``j`` of a block is at ``j - k`` in the tree of a piece
-        rooted at ``k``, so past the last root the load only falls: only ``j <= max k`` are evaluated."""
+        Tree position ``a`` sends to ``a + 2**m`` for the ``2**m`` with ``a < 2**m < R - a``: one send per
+        ``m`` with ``a < w_m = min(2**m, R - 2**m)``. Replica ``j`` is at ``(j - r) mod R`` in the tree rooted
+        at ``r``, so its load is, summed over ``m``, the elements of the pieces rooted in the ``w_m`` positions
+        up to ``j`` (cyclically): a window sum over the sorted roots. Going forward from a root to the next one
+        every term only falls, so only the roots are evaluated: per block O(pieces + roots x levels x log roots),
+        whatever ``R``."""
         d, s, shape = self._d, self._s, self.shape
         replicas = d.replicas
         if not self.relays or replicas == 1 or math.prod(shape) == 0:
             return 0
-        powers = [1 << m for m in range(self._levels)]
+        widths = [min(1 << m, replicas - (1 << m)) for m in range(self._levels)]
         best = 0
         for block in _pieces(shape, d.sizes, [(0, n) for n in shape]):
             bounds = [(lo, hi) for _, (_, lo, hi) in block]
-            per_root: dict[int, int] = {}  # elements of the pieces rooted at each position
-            for combo in _pieces(shape, s.sizes, bounds):
-                k = sum(i for i, _ in combo) % replicas
-                per_root[k] = per_root.get(k, 0) + math.prod(
+            lists = _piece_lists(shape, s.sizes, bounds)
+            count = math.prod(len(x) for x in lists)
+            per_root: dict[int, int] = {}  # elements of the pieces rooted at each replica
+            for k, combo in enumerate(itertools.product(*lists)):
+                r = _root(k, count, replicas)
+                per_root[r] = per_root.get(r, 0) + math.prod(
                     min(hi, b) - max(lo, a) for (_, (_, a, b)), (lo, hi) in zip(combo, bounds, strict=True))
-            j = np.arange(min(max(per_root), replicas - 1) + 1, dtype=np.int64)
-            load = np.zeros(j.size, dtype=np.int64)
-            for k, size in per_root.items():
-                at = (j - k) % replicas
-                sends = np.zeros(j.size, dtype=np.int64)
-                for h in powers:
-                    sends += (at < h) & (at + h < replicas)
-                load += size * sends
+            if not per_root:
+                continue
+            roots = np.array(sorted(per_root), dtype=np.int64)
+            elems = np.array([per_root[r] for r in roots.tolist()], dtype=np.int64)
+            ext = np.concatenate([roots - replicas, roots])  # one turn back, for the windows that wrap
+            cum = np.concatenate([[0], np.cumsum(np.concatenate([elems, elems]))])
+            top = cum[np.searchsorted(ext, roots, side="right")]
+            load = np.zeros(roots.size, dtype=np.int64)
+            for w in widths:
+                load += top - cum[np.searchsorted(ext, roots - (w - 1), side="left")]
             best = max(best, int(load.max()))
         return best
 

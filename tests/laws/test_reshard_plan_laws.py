@@ -218,3 +218,56 @@ def test_relays_send_each_byte_from_the_source_once_per_destination_block(case):
         assert all(a.get(r, 0) <= b.get(r, 0) for r in set(a) | set(b))
     if r_d >= 2 * r_s and on.bytes_moved:
         assert max(a.values()) < max(b.values())
+
+
+# -- the relay trees share the forwarding: no replica forwards much more than its own block -----------------
+
+def relay_bound(src, dst, r_d, itemsize):
+    """Per destination rank, by the reference alone: its block's bytes, the number of distinct source pieces
+    that meet it, the largest part of one, and the bound 2 x block + ceil(log2 R) x that part."""
+    pieces = set(src.values())
+    out = {}
+    for rank, block in dst.items():
+        parts = [math.prod(max(0, min(b, q) - max(a, p)) for (a, b), (p, q) in zip(block, piece)) for piece in pieces]
+        parts = [n for n in parts if n]
+        size = math.prod(hi - lo for lo, hi in block)
+        out[rank] = (size * itemsize, len(parts),
+                     (2 * size + (r_d - 1).bit_length() * max(parts, default=0)) * itemsize)
+    return out
+
+
+@given(cases())
+def test_each_relay_forwards_about_one_block(case):
+    s_side, d_side, shape, itemsize, relays, kind = case
+    if kind != "disjoint" or not relays:
+        return
+    plan, sent = check(case)
+    src = ref_blocks(s_side[0], s_side[1], s_side[2], s_side[3], shape)
+    dst = ref_blocks(d_side[0], d_side[1], d_side[2], d_side[3], shape)
+    for rank, (block, count, bound) in relay_bound(src, dst, replicas(d_side), itemsize).items():
+        assert sent.get(rank, 0) <= bound, (rank, sent.get(rank, 0), block, count)
+
+
+# FSDP x TP onto DP replicas of TP, fewer pieces per block (a) than replicas (R): (a, tp, R, shape); the last is
+# the 1,152-rank plan of docs/benchmarks.md (16 pieces of 4 MiB blocks, 128 replicas; 16,384 moves)
+FAMILY = [(2, 1, 8, (8, 4)), (3, 2, 7, (9, 4)), (4, 2, 16, (16, 4)), (5, 1, 12, (10, 3)), (8, 2, 32, (64, 8)),
+          (16, 8, 128, (4096, 4096))]
+
+
+def test_each_relay_forwards_about_one_block_when_pieces_are_fewer_than_replicas():
+    for a, tp, r_d, shape in FAMILY:
+        s_side = ([a, tp], ["a", "b"], list(range(a * tp)), ("a", "b"))
+        d_side = ([r_d, tp], ["a", "b"], list(range(a * tp, a * tp + r_d * tp)), (None, "b"))
+        plan = fm.plan_reshard(build(s_side), build(d_side), shape, "bfloat16")
+        sent: dict[int, int] = {}
+        for m in plan.moves:
+            sent[m.src_rank] = sent.get(m.src_rank, 0) + m.nbytes
+        src = ref_blocks(s_side[0], s_side[1], s_side[2], s_side[3], shape)
+        dst = ref_blocks(d_side[0], d_side[1], d_side[2], d_side[3], shape)
+        bounds = relay_bound(src, dst, r_d, 2)
+        assert all(count == a for _, count, _ in bounds.values())
+        for rank, (block, count, bound) in bounds.items():
+            assert sent.get(rank, 0) <= bound, (a, r_d, rank, sent.get(rank, 0), block)
+        # the source sends each piece once per destination block (tp blocks of a pieces: one each)
+        assert all(sent[r] == math.prod(hi - lo for lo, hi in src[r]) * 2 for r in src)
+        assert plan.max_send_bytes == max(sent.values())

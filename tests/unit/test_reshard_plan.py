@@ -2,7 +2,8 @@
 
 Each table row gives two shardings, a shape and the whole plan as ``(src, dst, "start:stop,...", stage)``
 rows, derived on paper from torch.chunk's rule, the replica pick ``(u + piece offset) mod replicas``
-and the doubling relay tree with its root rotated per piece (docs/across_meshes.md, "The plan").
+and the doubling relay tree, piece k of the p meeting a block rooted at replica (k * R) // p of the R
+(docs/across_meshes.md, "The plan").
 """
 
 from __future__ import annotations
@@ -57,12 +58,20 @@ CASES = {
         sh((2,), "x", P("x"), [1, 0]), sh((2,), "x", P("x")), (4,), True,
         [(0, 1, "2:4", 0), (1, 0, "0:2", 0)], 4, 1),
     # colocated replicas that hold a piece neither receive it nor break the tree: piece [0:2] (held by 0, 2)
-    # roots at rank 0: 0 -> 1 (stage 0, 0 holds it), 0 -> 2 dropped (2 holds it), 1 -> 3 in stage 2;
-    # piece [2:4] (held by 1, 3) roots at rank 1: 1 -> 2 (stage 0), 1 -> 3 dropped, 2 -> 0 in stage 2
+    # roots at replica 0 = rank 0: 0 -> 1 (stage 0, 0 holds it), 0 -> 2 dropped (2 holds it), 1 -> 3 in stage 2;
+    # piece [2:4] (held by 1, 3) roots at replica (1 * 4) // 2 = 2 = rank 2, which gets it from source replica
+    # (0 + offset 1) mod 2 = 1 of the piece, rank 3 (stage 0); 2 -> 3 dropped (3 holds it), 2 -> 0 in stage 2
     "colocated replicas": (
         sh((2, 2), ("dp", "tp"), P("tp")), sh((2, 2), ("dp", "tp"), P()), (4,), True,
-        [(0, 0, "0:2", 0), (0, 1, "0:2", 0), (1, 1, "2:4", 0), (1, 2, "2:4", 0), (2, 2, "0:2", 0), (3, 3, "2:4", 0),
+        [(0, 0, "0:2", 0), (0, 1, "0:2", 0), (1, 1, "2:4", 0), (2, 2, "0:2", 0), (3, 2, "2:4", 0), (3, 3, "2:4", 0),
          (1, 3, "0:2", 2), (2, 0, "2:4", 2)], 8, 3),
+    # fewer pieces (2) than replicas (4): the roots lie 4 // 2 = 2 apart, replicas 0 and 2 (ranks 2 and 4);
+    # tree position a sends to a + 1 (stage 1, from a = 0) and a + 2 (stage 2, from a = 0, 1), so every rank
+    # forwards 4 or 2 bytes (one block: 4); roots 0 and 1 would leave rank 3 forwarding 6 (3 -> 5 twice, 3 -> 4)
+    "spread roots": (
+        sh((2,), "tp", P("tp")), sh((4,), "dp", P(), range(2, 6)), (4,), True,
+        [(0, 2, "0:2", 0), (1, 4, "2:4", 0), (2, 3, "0:2", 1), (4, 5, "2:4", 1),
+         (2, 4, "0:2", 2), (3, 5, "0:2", 2), (4, 2, "2:4", 2), (5, 3, "2:4", 2)], 16, 3),
     # two dims: FSDP x TP to DP replicas of TP; rank 9 = (dp 2, tp 1) gets its two pieces relayed
     "fsdp x tp -> dp x tp": (
         sh((2, 2), ("dp_shard", "tp"), P("dp_shard", "tp")), sh((4, 2), ("dp", "tp"), P(None, "tp"), range(4, 12)),
@@ -82,16 +91,19 @@ def test_hand_checked_plans(name):
 def test_fsdp_tp_to_dp_replicas_by_hand():
     src, dst, shape, *_ = CASES["fsdp x tp -> dp x tp"]
     on = fm.plan_reshard(src, dst, shape, "float32")
-    # rank 9 (dp 2, tp 1) needs columns 4:8: pieces rows 0:4 (rank 1) and 4:8 (rank 3); 64 bytes each
+    # rank 9 (dp 2, tp 1) needs columns 4:8: pieces rows 0:4 (rank 1) and 4:8 (rank 3); 64 bytes each. The two
+    # pieces' trees are rooted at replicas 0 and (1 * 4) // 2 = 2: rank 9 is the root of the second (from rank 3),
+    # and position 2 of the first (from the root, rank 5, in stage 2)
     assert [(m.src_rank, m.dst_rank, m.index, m.stage, m.nbytes) for m in on.receives(9)] == [
-        (7, 9, (slice(4, 8), slice(4, 8)), 1, 64), (5, 9, (slice(0, 4), slice(4, 8)), 2, 64)]
+        (3, 9, (slice(4, 8), slice(4, 8)), 0, 64), (5, 9, (slice(0, 4), slice(4, 8)), 2, 64)]
     # the source sends each piece once (to the root of its tree), not to all four replicas
     assert [m.dst_rank for m in on.sends(0)] == [4]
     off = fm.plan_reshard(src, dst, shape, "float32", relays=False)
     assert [m.dst_rank for m in off.sends(0)] == [4, 6, 8, 10]
-    # 8 destination ranks x 32 elements x 4 bytes, nothing local; the busiest: 3 x 64 relayed vs 4 x 64 sent
+    # 8 destination ranks x 32 elements x 4 bytes, nothing local; the busiest: 2 x 64 relayed (a root: to positions
+    # 1 and 2 of its tree; position 1 of the other tree forwards 0) vs 4 x 64 sent
     assert on.bytes_moved == off.bytes_moved == 1024
-    assert (on.max_send_bytes, off.max_send_bytes) == (192, 256)
+    assert (on.max_send_bytes, off.max_send_bytes) == (128, 256)
 
 
 def test_receives_and_sends_use_one_order_per_pair():
@@ -204,10 +216,11 @@ def test_one_ranks_moves_on_a_world_that_cannot_be_listed():
             assert any(n.index == m.index and n.stage < m.stage for n in plan.receives(m.src_rank))
     # disjoint spans: the lower bound is arithmetic (every destination rank needs its whole block)
     assert plan.bytes_moved == (HUGE // 8) * 8192 * 4096 * 2
-    # the busiest sender: replica position 63 of a block, at tree position 63 - k for the piece rooted at
-    # k = 0..63; position a of a tree of 2**37 sends to the 2**m > a (m < 37): 37 for the root, 36 for 1,
-    # 35 for 2-3, ..., 31 for 32-63: 37 + 36 + 2*35 + 4*34 + 8*33 + 16*32 + 32*31 = 2047 pieces of 128 x 512
-    assert plan.max_send_bytes == 2047 * 128 * 512 * 2
+    # the busiest sender: a root. The 64 pieces of a block are rooted at replicas k * 2**37 // 64 = k * 2**31, so
+    # the root of piece 0 is at position (64 - k) * 2**31 = i * 2**31 (i = 1..63) of the other trees; position a of
+    # a tree of 2**37 sends to the 2**m > a (m < 37): 37 for its own root, 37 - 31 - bitlen(i) = 6 - bitlen(i) for
+    # i * 2**31: 37 + 1*5 + 2*4 + 4*3 + 8*2 + 16*1 + 32*0 = 94 pieces of 128 x 512 (the block: 64)
+    assert plan.max_send_bytes == 94 * 128 * 512 * 2
 
 
 def test_bytes_moved_visits_only_the_ranks_of_both_meshes():
@@ -232,14 +245,14 @@ def test_visualize_lists_each_stage_and_the_figures():
         "  0 -> 0  0:2  2 bytes (local copy)",
         "  0 -> 1  0:2  2 bytes",
         "  1 -> 1  2:4  2 bytes (local copy)",
-        "  1 -> 2  2:4  2 bytes",
         "  2 -> 2  0:2  2 bytes (local copy)",
+        "  3 -> 2  2:4  2 bytes",
         "  3 -> 3  2:4  2 bytes (local copy)",
         "stage 1: 0 moves",
         "stage 2: 2 moves",
         "  1 -> 3  0:2  2 bytes",
         "  2 -> 0  2:4  2 bytes",
-        "bytes_moved 8, max_send_bytes 4, moves 8, stages 3",
+        "bytes_moved 8, max_send_bytes 2, moves 8, stages 3",
     ]
     many = fm.plan_reshard(sh((1,), "x", P()), sh((12,), "y", P("y"), range(1, 13)), (12,), "int8")
     lines = fm.visualize(many, max_side=2).splitlines()
