@@ -304,9 +304,15 @@ def _pack(call: _Call, bucket: tuple[int, ...], stage: int, crosses: bool) -> tu
         return None, None, []
     sent = [sum(m.nbytes for _, m in row) for row in to]
     got = [sum(m.nbytes for _, m in row) for row in frm]
+    me = position[rank]
+    if not sum(sent) or not sum(got):  # one byte to itself, dropped on arrival: torch's fake backend
+        sent[me] = got[me] = 1        # refuses an empty buffer whose peer block is not (gloo does not)
+        frm[me].append((None, 1))
     buf = torch.empty(sum(sent), dtype=torch.uint8, device=call.device)
     at = 0
-    for row in to:
+    for j, row in enumerate(to):
+        if j == me:
+            at += sent[me]
         for i, m in row:
             piece = _piece(call, i, m.index)
             _as_bytes(buf[at:at + m.nbytes], piece.shape, piece.dtype).copy_(_bytes_of(piece))
@@ -317,18 +323,19 @@ def _pack(call: _Call, bucket: tuple[int, ...], stage: int, crosses: bool) -> tu
 def _unpack(call: _Call, arrived: torch.Tensor, receive: list[tuple[int, Any]]) -> None:
     at = 0
     for i, m in receive:
+        if i is None:  # this rank's byte to itself
+            at += m
+            continue
         leaf = call.leaves[i]
         chunk = arrived[at:at + m.nbytes]
         at += m.nbytes
         shape = tuple(s.stop - s.start for s in m.index)
-        if leaf.relays:  # kept whole, for the later stages that forward it
-            call.held[i].append((m.index, chunk.clone().view(leaf.dtype).reshape(shape)))
-        if leaf.dst_block is None:
-            continue
-        if _inside(m.index, leaf.dst_block):  # the common case: straight into place, as bytes
+        if leaf.dst_block is not None and _inside(m.index, leaf.dst_block):  # the common case: into place, as bytes
             region = leaf.out[_relative(m.index, leaf.dst_block)]
             _bytes_of(region).copy_(_as_bytes(chunk, shape, leaf.dtype))
-        else:
+            if leaf.relays:  # a later stage forwards it from where it landed
+                call.held[i].append((m.index, region))
+        else:  # a piece to forward that is not (all) this rank's: kept whole
             _place(call, i, m.index, chunk.clone().view(leaf.dtype).reshape(shape))
 
 

@@ -57,16 +57,17 @@ def full(name: str, shape, dtype) -> torch.Tensor:
 
 
 class Count:
-    """Wraps the transport's torch call: bytes this rank sends, and the non-empty blocks (messages) per call."""
+    """Wraps the transport's torch call: bytes this rank sends to others, and the non-empty blocks (messages)."""
 
     def __init__(self) -> None:
         self.sent, self.messages, self.calls = 0, 0, 0
         self.real = _torch.all_to_all_start
 
     def __call__(self, x, out_splits, in_splits, group):
-        self.calls += 1
-        self.sent += sum(in_splits) * x.element_size()
-        self.messages += sum(1 for n in in_splits if n)
+        self.calls += 1  # a rank with nothing to send or receive sends itself one byte: not counted
+        others = [n for j, n in enumerate(in_splits) if j != group.rank()]
+        self.sent += sum(others) * x.element_size()
+        self.messages += sum(1 for n in others if n)
         return self.real(x, out_splits, in_splits, group)
 
     def __enter__(self):
