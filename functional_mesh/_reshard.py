@@ -108,7 +108,8 @@ def across(xs: list[Any], srcs: list[NamedSharding], dsts: list[NamedSharding], 
     shapes, dtypes, device = _check_leaves(xs, srcs, in_src, rank)
     if device is None:
         device = torch.device(rm.device_type) if rm is not None else torch.device("cpu")
-    union = sorted({int(r) for s in [*srcs, dsts[0]] for r in s.mesh.devices.reshape(-1).tolist()})
+    meshes = {s.mesh for s in srcs} | {dst_mesh}  # usually two: a state dict's leaves share their meshes
+    union = sorted({int(r) for m in meshes for r in m.devices.reshape(-1).tolist()})
     if not S.check_off():
         _agree_on_call(union, rank, shapes, dtypes, srcs, dsts, device, bucket_bytes)
     call = _Call()
