@@ -2,12 +2,13 @@
 worker pools."""
 
 import os
+import re
 import sys
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests.dist._pool import shared_pools  # noqa: F401 - the session fixture behind every shared pool
+from tests.dist._pool import START_TIMEOUT_S, shared_pools  # noqa: F401 - the session fixture behind every shared pool
 
 # "ci" (default, in both tiers): ~50 examples, no deadline (2 shared cores are noisy), and
 # derandomized: every run draws the same examples, so a red CI means a change broke something, not
@@ -43,6 +44,13 @@ SMOKE = {
 }
 
 
+# A pool fixture is named w<world> (tests/dist/_pool.py, pool_fixture). The test whose setup starts a
+# pool spends up to START_TIMEOUT_S on it (the session's first start also waits for the forkserver to
+# import torch and the library), which pytest-timeout counts against the test: a test that takes one
+# gets that budget on top of its own, unless it has a timeout of its own.
+POOL_FIXTURE = re.compile(r"w\d+")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: outside the fast tier (`make test`); `make test-all` runs it")
 
@@ -51,7 +59,11 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """Mark the slow tests; a smoke pick that names no collected test is an error, not a silent gap."""
     ids = {item.nodeid for item in items}
+    per_test = float(config.getoption("timeout", None) or 0)
     for item in items:
+        if per_test and item.get_closest_marker("timeout") is None and any(
+                POOL_FIXTURE.fullmatch(name) for name in getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.timeout(per_test + START_TIMEOUT_S))
         if item.nodeid not in SMOKE.values() and (
                 item.nodeid.startswith(SLOW_PATHS) or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))):
             item.add_marker(pytest.mark.slow)

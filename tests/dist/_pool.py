@@ -1,8 +1,8 @@
 """A reusable pool of real gloo workers on loopback: spawn once, run many checks.
 
-A fresh world-8 launch costs ~7 s on two cores while one check inside a live world costs
-milliseconds (docs/design.md, "Tests"), so the session keeps one pool per world size and every
-test module borrows it::
+A fresh world-8 launch costs seconds on two cores (2.3 s at load 7, 12 s at load 30, once the
+forkserver below is up) while one check inside a live world costs milliseconds (docs/design.md,
+"Tests"), so the session keeps one pool per world size and every test module borrows it::
 
     w4 = pool_fixture(4)                    # module-scoped pytest fixture: the shared world-4 pool
 
@@ -29,9 +29,9 @@ asks for a pool of its own: ``pool_fixture(4, own=True)``.
 
 Nothing here can hang a test:
 
-- workers use the ``spawn`` start method (no torchrun), ``OMP_NUM_THREADS=1``, a TCPStore
-  that rank 0 binds to a free port it picks itself (no port race), and a 30 s default-group
-  timeout;
+- workers fork from multiprocessing's ``forkserver``, which imported torch and the library once
+  (:data:`PRELOAD`; no torchrun), and run with ``OMP_NUM_THREADS=1``, a TCPStore that rank 0
+  binds to a free port it picks itself (no port race), and a 30 s default-group timeout;
 - every wait in the parent is bounded; a worker that dies or does not answer in time raises
   :class:`PoolError` naming the ranks, and the whole pool is killed (a hung collective cannot
   be cancelled) and re-spawned lazily by the next check;
@@ -57,8 +57,11 @@ import pytest
 
 HOST = "127.0.0.1"
 GROUP_TIMEOUT_S = 30.0  # default group and store timeout inside the workers
-CHECK_TIMEOUT_S = 30.0  # default bound on one check, in the parent
-START_TIMEOUT_S = 90.0  # spawning and initialising a world on two busy cores (pytest-timeout is 120 s)
+# Bounds catch hangs; they do not measure speed. Measured on 2 cores at load ~30 (18 busy loops and
+# other test runs): the first start 136 s (the forkserver importing PRELOAD: one process at a share
+# of a core), a later world-8 start 12 s, tests/dist/test_collectives_gloo.py's forward_values 11-16 s.
+CHECK_TIMEOUT_S = 60.0  # default bound on one check, in the parent
+START_TIMEOUT_S = 300.0  # one start, the forkserver's import included (tests/conftest.py adds it to pytest-timeout)
 CLOSE_TIMEOUT_S = 20.0
 MAX_RESTARTS = 3  # re-spawns after a broken pool, per pool (each costs a launch)
 
@@ -95,6 +98,26 @@ class WorkerFailed(AssertionError):
         bad = [o for o in outcomes if not o.ok]
         text = "\n".join(o.describe() for o in bad)
         super().__init__(f"check {name} raised on ranks {[o.rank for o in bad]}:\n{text}")
+
+
+# What every worker would otherwise import for itself, ~5 CPU-s a process on these cores (torch ~2.6 s;
+# the library's torch-facing modules, which bring DTensor, dynamo and sympy, ~2.7 s): the forkserver
+# imports it once and every worker forks from it, already holding it.
+PRELOAD = ["torch", "torch.distributed", "functional_mesh._realize", "functional_mesh._collectives",
+           "functional_mesh._shard_map", "functional_mesh._interop"]
+
+
+def _context() -> Any:
+    """multiprocessing's ``forkserver`` context, preloading :data:`PRELOAD`.
+
+    The server is one process per pytest session, started with the first pool: a clean
+    single-threaded process that has imported torch and the library but made no group, no tensor
+    op and no thread, so forking from it is safe (unlike forking the pytest process). A worker is
+    then a fork, not a fresh interpreter importing torch: world 8 costs one import instead of eight.
+    """
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 def _ref(fn: Callable[..., Any]) -> tuple[str, str]:
@@ -283,8 +306,9 @@ class Pool:
     # lifecycle
 
     def start(self) -> Pool:
-        ctx = mp.get_context("spawn")
+        ctx = _context()
         t0 = time.monotonic()
+        deadline = t0 + START_TIMEOUT_S  # one budget for the whole start; Process.start waits for the forkserver
         self.procs, self.conns = [], []
         for rank in range(self.world):
             parent, child = ctx.Pipe()
@@ -296,10 +320,12 @@ class Pool:
             self.conns.append(parent)
         self.launches += 1
         try:
-            (port_msg,) = self._collect([0], START_TIMEOUT_S, "startup (rank 0 binding the store)")
+            (port_msg,) = self._collect([0], deadline - time.monotonic(), "startup (rank 0 binding the store)",
+                                        budget=START_TIMEOUT_S)
             for conn in self.conns[1:]:
                 conn.send(port_msg)
-            ready = self._collect(range(self.world), START_TIMEOUT_S, "startup (init_process_group)")
+            ready = self._collect(range(self.world), deadline - time.monotonic(), "startup (init_process_group)",
+                                  budget=START_TIMEOUT_S)
             self.phases = [msg[3] for msg in ready]
         except BaseException:
             self.kill()
@@ -409,8 +435,9 @@ class Pool:
             raise WorkerFailed(fn.__qualname__, outs)
         return [o.value for o in outs]
 
-    def _collect(self, ranks: Any, timeout: float, what: str) -> list[Any]:
-        """One message from each of ``ranks``, within ``timeout`` seconds in total."""
+    def _collect(self, ranks: Any, timeout: float, what: str, budget: float | None = None) -> list[Any]:
+        """One message from each of ``ranks``, within ``timeout`` seconds in total (the rest of
+        ``budget``, which the error names, when given)."""
         ranks = list(ranks)
         got: dict[int, Any] = {}
         deadline = time.monotonic() + timeout
@@ -430,7 +457,7 @@ class Pool:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.kill()
-                raise PoolError(f"{what}: rank(s) {pending} did not answer within {timeout:g} s "
+                raise PoolError(f"{what}: rank(s) {pending} did not answer within {budget or timeout:g} s "
                                 f"(answered: {sorted(got)}); the pool was killed")
             waitables = [self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending]
             mpc.wait(waitables, timeout=min(remaining, 1.0))

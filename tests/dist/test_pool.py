@@ -7,13 +7,14 @@ World 2 keeps the deliberate re-spawns cheap (~2 s each).
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from tests.dist._pool import Pool, PoolError, WorkerFailed, pool_fixture, shared_pool
+from tests.dist._pool import PRELOAD, START_TIMEOUT_S, Pool, PoolError, WorkerFailed, pool_fixture, shared_pool
 
 w2 = pool_fixture(2, own=True)  # kills and hangs its workers on purpose: a pool of its own
 
@@ -42,6 +43,24 @@ def sleep_on(rank: int, seconds: float) -> None:
 
 def test_results_come_back_by_rank(w2):
     assert w2.run(rank_and_sum, 5) == [(0, 15, "1"), (1, 15, "1")]
+
+
+def parent_and_preloaded() -> tuple[int, list[str]]:
+    return os.getppid(), [name for name in PRELOAD if name not in sys.modules]
+
+
+def test_workers_fork_from_a_server_that_already_imported_torch_and_the_library(w2):
+    # this module imports torch but not the library: functional_mesh._realize & co. are there
+    # because the forkserver imported them before forking the worker
+    (parent0, missing0), (parent1, missing1) = w2.run(parent_and_preloaded)
+    assert missing0 == missing1 == [] and "functional_mesh._realize" in PRELOAD
+    assert parent0 == parent1 != os.getpid()  # the forkserver's children, not this process's
+
+
+def test_a_test_that_takes_a_pool_gets_the_start_budget_on_top_of_its_timeout(w2, request):
+    # tests/conftest.py: the test whose setup starts a pool may spend START_TIMEOUT_S on it
+    (marker,) = [m for m in request.node.iter_markers("timeout")]
+    assert marker.args == (request.config.getoption("timeout") + START_TIMEOUT_S,)
 
 
 def test_an_exception_is_reported_with_its_rank_and_the_pool_stays_usable(w2):
