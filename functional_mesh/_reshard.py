@@ -71,7 +71,7 @@ class _Leaf(NamedTuple):
 class _Call:
     """The state of one cross-mesh call between issue and wait (a ``Pending`` runs it twice)."""
 
-    __slots__ = ("api", "names", "slot", "leaves", "exchanges", "done", "packed", "group", "hop", "union",
+    __slots__ = ("api", "names", "slot", "leaves", "exchanges", "done", "packed", "group", "hop", "pad", "union",
                  "rank", "device", "held", "finish")
 
     def __init__(self) -> None:
@@ -119,6 +119,7 @@ def across(xs: list[Any], srcs: list[NamedSharding], dsts: list[NamedSharding], 
     call.exchanges = _exchanges(call.leaves, bucket_bytes, rank)
     call.held = [[] for _ in call.leaves]  # per leaf: (box, tensor) pieces received for forwarding
     call.group = call.hop = None
+    call.pad = False
     if any(crosses for _, _, crosses in call.exchanges):
         # members-only unless the union is the whole world: then every rank calls, and realize reuses the
         # default group (or splits it on NCCL), where members-only NCCL under a device-bound default is refused
@@ -127,6 +128,7 @@ def across(xs: list[Any], srcs: list[NamedSharding], dsts: list[NamedSharding], 
                          check=False)
         call.group = bridge.group(BRIDGE_AXIS)
         call.hop = hop_of(bridge, BRIDGE_AXIS, _API)
+        call.pad = bridge.backend == "fake"  # see _pack: only torch's fake backend needs the byte
 
     def finish(outs: list[torch.Tensor | None]) -> Any:
         if rm is None:
@@ -306,8 +308,9 @@ def _pack(call: _Call, bucket: tuple[int, ...], stage: int, crosses: bool) -> tu
     sent = [sum(m.nbytes for _, m in row) for row in to]
     got = [sum(m.nbytes for _, m in row) for row in frm]
     me = position[rank]
-    if not sum(sent) or not sum(got):  # one byte to itself, dropped on arrival: torch's fake backend
-        sent[me] = got[me] = 1        # refuses an empty buffer whose peer block is not (gloo does not)
+    if call.pad and (not sum(sent) or not sum(got)):  # one byte to itself, dropped on arrival: torch's fake
+        sent[me] = got[me] = 1  # backend refuses an empty buffer whose peer block is not (gloo does not, so
+        # there nothing but the plan's bytes goes through torch.distributed)
         frm[me].append((None, 1))
     buf = torch.empty(sum(sent), dtype=torch.uint8, device=call.device)
     at = 0
