@@ -105,6 +105,8 @@ def test_pcast_psum_psum_scatter_and_linear_ops_type_as_the_table_says(rm):
         seen["products"] = [types(v) for v in (u * 2, 3.0 * u, u / 4, u * c, u @ w, torch.einsum("ij,jk->ik", u, w),
                                                F.linear(u, w.T), torch.matmul(u, w), c * u)]
         seen["cat"] = types(torch.cat([u, u], 0))
+        seen["casts"] = [types(v) for v in (u.to(torch.float64), u.double(), u.float(), u.half(), u.bfloat16(),
+                                            u.type_as(w.double()), u.to(dtype=torch.bfloat16))]
         seen["psum over dp keeps tp pending"] = types(fm.psum(u, "dp"))
         seen["pvary over another axis"] = types(fm.pcast(fm.psum(u, "dp"), "dp", to="varying"))
         with pytest.raises(fm.VmaError, match=r"`psum` over \('dp', 'tp'\) requires a value in one state over all"):
@@ -120,6 +122,7 @@ def test_pcast_psum_psum_scatter_and_linear_ops_type_as_the_table_says(rm):
     assert seen["add"] == pending and seen["cat"] == pending
     assert seen["views"] == [pending] * 6 and seen["reductions"] == [pending] * 4
     assert seen["products"] == [pending] * 9
+    assert seen["casts"] == [pending] * 7  # docs/shard_map.md: a dtype cast keeps the pending sum (of cast terms)
     assert seen["psum over dp keeps tp pending"] == (NONE, TP)
     assert seen["pvary over another axis"] == (DP, TP)
 
