@@ -5,7 +5,7 @@ each collective here is one :class:`Collective` record: its parameters and how t
 its type rule for a typed ``shard_map`` region, its untyped-region convention, and its
 communication (steps of ``_steps``, each with its transpose). The public functions are thin and
 uniform: each passes its arguments to :func:`_dispatch`, which sends the call to the open region
-(if any) or runs the record. The region (``_shard_map``) handles every collective through its
+(if any) or runs the record. The region (``_region``) handles every collective through its
 record and never names one. Adding a collective is one record, its public function, tests, docs.
 
 Semantics. Tensors in, new tensors out. ``axis`` is one axis name or a tuple of names (their
@@ -267,6 +267,9 @@ class Collective:
     untyped: Callable[[Call], Any] | None = None
     region_dtype: torch.dtype | None = None
     describe: Callable[[Call], str] | None = None  # the parameters, as the debug check and messages show them
+    # the fix an out_specs error suggests for a result of this call that varies over the call's axes, where the
+    # generic one (psum or all_gather over them) would mislead: (axes, params) -> the fix, or None (generic)
+    fix: Callable[[tuple[str, ...], dict[str, Any]], str | None] | None = None
     # the rule for an operand that is a pending sum (unreduced over some axes): (api, varying, unreduced, axes,
     # params) -> Rule; None: the collective refuses one (it would move or compare the terms, not the sum)
     unreduced: Callable[[str, frozenset[str], frozenset[str], frozenset[str], dict[str, Any]], _vma.Rule] | None = None
@@ -517,6 +520,14 @@ def _gather_rule(api: str, operand: frozenset[str], axes: frozenset[str], params
     if params["to"] == "invariant":
         return _vma.invariant_gather_rule(api, operand, axes)
     return _vma.gather_rule(api, operand, axes)
+
+
+def _gather_fix(names: tuple[str, ...], params: dict[str, Any]) -> str | None:
+    """A result gathered to varying: its invariant form, which every member holds the same (not a psum of it)."""
+    if params["to"] != "varying":
+        return None
+    axis = names[0] if len(names) == 1 else names
+    return f"gather with all_gather(x, {axis!r}, to='invariant') instead (every member then holds the same value)"
 
 
 def _describe_gather(call: Call) -> str:
@@ -1423,7 +1434,7 @@ PVARY = _register(pvary, Collective("pvary", True, _pvary, _pvary_rule, untyped=
 PCAST = _register(pcast, Collective("pcast", True, _pcast, _pcast_rule, _pcast_params, untyped=_identity,
                                     unreduced=_pcast_unreduced))
 ALL_GATHER = _register(all_gather, Collective("all_gather", True, _all_gather, _gather_rule, _gather_params,
-                                              describe=_describe_gather))
+                                              describe=_describe_gather, fix=_gather_fix))
 PSUM_SCATTER = _register(psum_scatter, Collective("psum_scatter", True, _psum_scatter, _psum_scatter_rule, _tiled,
                                                   describe=_describe_scatter, unreduced=_scatter_unreduced))
 ALL_TO_ALL = _register(all_to_all, Collective("all_to_all", True, _all_to_all, _spread_rule, _tiled,
@@ -1442,7 +1453,7 @@ COLLECTIVES_BY_NAME = {rec.name: rec for rec in COLLECTIVES.values()}
 
 def run_step(call: Call, x: torch.Tensor, step: Any, hop: Hop) -> torch.Tensor:
     """One step of ``call`` over ``hop``, with its transpose, as the collectives run theirs (no debug
-    check): for the region boundary's own steps (``_shard_map``: a full argument's local block)."""
+    check): for the region boundary's own steps (``_boundary``: a full argument's local block)."""
     return _apply(call, None, x, step, hop)
 
 

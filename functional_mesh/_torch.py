@@ -27,7 +27,8 @@ never read from the version:
   ``distributed_c10d._cleanup_process_group_global_state`` (:func:`abort_groups`);
 - ``torch._ops.OpOverload``/``OpOverloadPacket`` (``namespace``, ``name()``, ``_qualified_op_name``),
   to tell custom ops from aten ops;
-- ``torch.utils._pytree`` (re-exported here as ``pytree``) for argument trees;
+- ``torch.utils._pytree`` (re-exported here as ``pytree``) for argument trees, and its
+  ``_broadcast_to_and_flatten`` (:func:`broadcast_prefix`), a spec tree laid over a value tree;
 - ``torch._guards.TracingContext.try_get()``, to tell one trace from the next (:func:`trace_id`);
 - ``DTensor._local_tensor`` (:func:`local_tensor`), a region's argument that needs no gradient;
   ``DTensor._spec``, ``DTensorSpec(mesh, placements, tensor_meta=TensorMeta(shape, stride, dtype))``
@@ -76,8 +77,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from ._errors import MeshError, requires
 
 __all__ = ["PlacementPlan", "abort_groups", "all_gather", "all_gather_start", "all_reduce", "all_reduce_start",
-           "all_to_all", "all_to_all_start", "no_torch_function", "reduce_scatter_start", "wait", "can_split",
-           "default_group",
+           "all_to_all", "all_to_all_start", "broadcast_prefix", "no_torch_function", "reduce_scatter_start", "wait",
+           "can_split", "default_group",
            "default_store", "device_mesh_from_groups", "from_placements", "global_rank", "group_members",
            "group_in_order", "group_name", "group_timeout", "known_groups", "local_tensor", "mesh_parts", "one_rank_group", "op_overload_name", "pytree",
            "reduce_scatter", "register_flattened", "set_group_desc", "to_placements", "torch_function_mode_active",
@@ -458,6 +459,12 @@ def wrap_local(local: torch.Tensor, spec: Any, requires_grad: bool) -> Any:
     from torch.distributed.tensor import DTensor
 
     return DTensor(local, spec, requires_grad=requires_grad)
+
+
+def broadcast_prefix(prefix: Any, tree: Any, is_leaf: Any = None) -> list[Any] | None:
+    """Each leaf of ``prefix`` repeated over the leaves of the tree structure ``tree`` it stands for, flat
+    (``None``: ``prefix`` is no pytree prefix of ``tree``): ``torch.utils._pytree._broadcast_to_and_flatten``."""
+    return pytree._broadcast_to_and_flatten(prefix, tree, is_leaf=is_leaf)
 
 
 def trace_id() -> int:

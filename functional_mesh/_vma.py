@@ -17,7 +17,7 @@ gradient that is itself a term of a sum: the rule names it, and the region sums 
 (a cast whose backward is the ``psum``).
 
 Nothing here runs an op: ``_op_rules.py`` maps torch functions to these rules and
-``_shard_map.py`` interprets them. Type errors are :class:`VmaError`, a ``MeshError`` (so a
+``_interpret.py`` interprets them. Type errors are :class:`VmaError`, a ``MeshError`` (so a
 ``ValueError``): never a ``TypeError``, which torch turns into "unsupported operand type(s)" when
 it is raised inside ``__torch_function__`` of a reflected operator (``2 - x``).
 """

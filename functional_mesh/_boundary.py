@@ -1,0 +1,433 @@
+"""The boundary of a ``shard_map`` region: what enters as the local tensors, what leaves as DTensors.
+
+- in: every tensor argument must fit its in_spec (a rank at least the spec's length, every
+  sharded dim divisible by the size of its axes; else one ``MeshError`` listing every misfit, each
+  with the parameter of ``f`` it is bound to, and the mesh); a DTensor whose sharding is the spec
+  gives its local tensor; a plain tensor is the full value, sliced here without communication (its
+  gradient is gathered back to the full shape);
+- out: every result must be invariant over the axes its out_spec does not name (else one
+  ``VmaError`` listing every failing result, with the fix for each); a result invariant over a
+  named axis is cast to vary (backward ``psum``); each becomes a DTensor on ``rm.device_mesh``.
+
+What the boundary does for one spec on one mesh is a :class:`_Plan`, made once per mesh value and
+kept by the handle; under torch.compile the plans are constants of the trace, and the compiled code
+holds the slices, casts and DTensor constructors only. Eagerly a DTensor argument that needs a
+gradient enters through :class:`_Local` and a result leaves through :class:`_Global`, cheaper than
+``to_local``/``from_local``, which derive the DTensor spec anew at every call.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from . import _collectives as C
+from . import _steps as S
+from . import _torch, _vma
+from ._errors import MeshError, requires
+from ._handle import RealizedMesh, recall, remember
+from ._interop import sharding_of
+from ._layout import row_major_strides
+from ._mesh import axes_size
+from ._region import Region, selected
+from ._sharding import NamedSharding, PartitionSpec
+
+__all__ = ["check_specs", "enter_all", "exit_all"]
+
+
+def check_specs(what: str, specs: Any) -> None:
+    """Every leaf of ``specs`` (``in_specs`` or ``out_specs``) is a ``PartitionSpec``, else a ``TypeError``."""
+    leaves = _torch.pytree.tree_leaves(specs, is_leaf=lambda s: isinstance(s, PartitionSpec))
+    for leaf in leaves:
+        if not isinstance(leaf, PartitionSpec):
+            raise TypeError(requires("shard_map", f"PartitionSpec leaves in {what}", what, specs))
+
+
+# -- leaves and their paths ---------------------------------------------------------------------------
+
+
+def _prefix(what: str, specs: Any, values: Any) -> list[tuple[Any, Any, PartitionSpec]]:
+    """``(path, leaf, spec)`` for every leaf of ``values``, its spec taken from the prefix ``specs``;
+    a path is ``(what, key path)``."""
+    pairs, tree = _torch.pytree.tree_flatten_with_path(values)
+    if isinstance(specs, list) and isinstance(values, tuple):
+        specs = tuple(specs)
+    flat_specs = _torch.broadcast_prefix(specs, tree, is_leaf=lambda s: isinstance(s, PartitionSpec))
+    if flat_specs is None:
+        raise MeshError(requires("shard_map", f"{what} that is a pytree prefix of the "
+                                 f"{'arguments' if what == 'in_specs' else 'results'}", what, specs)
+                        + f"; the {'arguments' if what == 'in_specs' else 'results'} have structure {tree}")
+    return [((what, path), leaf, spec) for (path, leaf), spec in zip(pairs, flat_specs, strict=True)]
+
+
+def _leaves(what: str, specs: Any, values: Any) -> tuple[list[tuple[Any, Any, PartitionSpec]], Any]:
+    """``(path, leaf, spec)`` per leaf, and the tree to rebuild ``values`` (``None``: one leaf; ``()``: a
+    flat tuple). A path is ``what`` (one leaf), ``(what, i)`` (a flat tuple's) or ``(what, key path)``.
+
+    The common shapes (one spec for one value; a tuple of specs for a tuple of non-containers)
+    skip the pytree machinery: the boundary runs at every call.
+    """
+    if isinstance(specs, PartitionSpec) and not isinstance(values, (tuple, list, dict)):
+        return [(what, values, specs)], None
+    if type(values) is tuple and not any(isinstance(v, (tuple, list, dict)) for v in values):
+        if isinstance(specs, PartitionSpec):  # one spec for every value
+            return [((what, i), v, specs) for i, v in enumerate(values)], ()
+        if type(specs) is tuple and len(values) == len(specs) and all(isinstance(p, PartitionSpec) for p in specs):
+            return [((what, i), v, p) for i, (v, p) in enumerate(zip(values, specs, strict=True))], ()
+    return _prefix(what, specs, values), _torch.pytree.tree_structure(values)
+
+
+def _path(path: Any) -> str:
+    """A leaf's path as messages show it: ``in_specs[1]``, ``out_specs['w']``, ... (made only for messages)."""
+    if isinstance(path, str):
+        return path
+    what, key = path
+    return f"{what}[{key}]" if isinstance(key, int) else what + _torch.pytree.keystr(key)
+
+
+def _argument(path: Any) -> int | None:
+    """The position of the argument a leaf of ``in_specs`` belongs to (``None``: not known)."""
+    if isinstance(path, str):
+        return None
+    key = path[1]
+    if isinstance(key, int):
+        return key
+    return getattr(key[0], "idx", None) if key else None
+
+
+def _rebuild(leaves: list[Any], tree: Any) -> Any:
+    if tree is None:
+        return leaves[0]
+    if tree == ():
+        return tuple(leaves)
+    return _torch.pytree.tree_unflatten(leaves, tree)
+
+
+# -- plans --------------------------------------------------------------------------------------------
+
+
+class _Plan:
+    """What the boundary does for a leaf with one spec on one mesh, whatever its shape: its sharding
+    and placements, the axes it names, the size each dim is split into and how a full argument
+    enters (its gathers) or an untyped one sums its cotangent (its unnamed axes)."""
+
+    __slots__ = ("sharding", "placements", "axes", "unreduced", "rank", "sizes", "split", "axes_of", "gathers",
+                 "unnamed", "spec", "specs")
+
+    def __init__(self, rm: RealizedMesh, spec: PartitionSpec, check_vma: bool) -> None:
+        self.sharding = NamedSharding(rm.mesh, spec)
+        self.placements = self.sharding.placements
+        self.specs: dict[tuple[tuple[int, ...], torch.dtype], Any] = {}  # eagerly: a result's DTensor spec per shape
+        self.axes = frozenset(a for d in range(len(spec)) for a in spec.axes_of(d))
+        self.unreduced = spec.unreduced  # a pending sum over these axes (DTensor's Partial("sum"))
+        self.unnamed = () if check_vma else tuple(a for a in rm.mesh.axis_names
+                                                  if a not in self.axes and a not in self.unreduced)
+        self.rank = len(spec)
+        self.spec = str(spec)  # for messages (torch.compile cannot format a PartitionSpec while tracing)
+        self.sizes = tuple(axes_size(rm, spec.axes_of(d)) for d in range(len(spec.entries)))
+        self.split = tuple((d, k) for d, k in enumerate(self.sizes) if k > 1)  # the dims a shape must divide
+        self.gathers = tuple((d, spec.axes_of(d)) for d in range(len(spec.entries)) if spec.axes_of(d))
+        self.axes_of = tuple(spec.axes_of(d) for d in range(len(spec.entries)))
+
+    def fits(self, shape: Sequence[int]) -> bool:
+        """JAX's rule: the spec fits the rank, and every sharded dim divides evenly over its axes.
+
+        Plain arithmetic on the shape: under torch.compile it runs while tracing (on symbolic sizes too).
+        """
+        if self.rank > len(shape):
+            return False
+        for d, k in self.split:
+            if shape[d] % k:
+                return False
+        return True
+
+    def misfit(self, shape: Sequence[int]) -> str:
+        """Why ``shape`` does not fit (for a shape :meth:`fits` refuses)."""
+        if self.rank > len(shape):
+            return f"requires a value of rank at least {self.rank}, but got shape {tuple(shape)}"
+        return "; ".join(
+            f"maps dim {d} of size {shape[d]} (shape {tuple(shape)}) to axes {self.axes_of[d]} of total size {k}; "
+            f"pad the value to a multiple of {k}, or shard it over other axes" for d, k in self.split if shape[d] % k)
+
+
+_PLANS: dict[tuple[Any, tuple[Any, ...], bool], _Plan] = {}  # (mesh value, spec entries, check_vma) -> plan
+
+
+@torch.compiler.assume_constant_result
+def _plan_of(rm: RealizedMesh, entries: tuple[Any, ...], check_vma: bool) -> _Plan:
+    """The plan of the spec ``PartitionSpec.from_key(entries)`` on ``rm``'s mesh, made once per mesh value.
+
+    Under torch.compile this runs (in Python) while tracing and its result is a constant of the
+    trace; it also makes sure ``rm.device_mesh`` exists then, which a compiled program cannot
+    build. It takes the spec's entries, not the spec: a shard_map made inside the compiled
+    function has specs that exist only as dynamo's record while it traces.
+    """
+    rm.device_mesh  # noqa: B018 - built once per realized mesh (and kept by it), outside any trace
+    key = (rm.mesh, entries, check_vma)  # the mesh value: equal meshes (a selection made again) share plans
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _Plan(rm, PartitionSpec.from_key(entries), check_vma)
+    return plan
+
+
+def _plan(region: Region, spec: PartitionSpec) -> _Plan:
+    if region.traced:
+        return _plan_of(region.rm, spec.key, region.check_vma)
+    # eagerly: the handle keeps its plans (one dict lookup per leaf and call), keyed by the spec's entries as
+    # written (what its equality compares), not by the spec: dynamo (torch 2.11/2.12) hashes every key of the
+    # handle's memo when a compiled collective looks an axis up there, and cannot hash a PartitionSpec
+    entries = spec.key
+    key = (_Plan, entries, region.check_vma)
+    plan = recall(region.rm, key)
+    if plan is None:
+        plan = remember(region.rm, key, _plan_of(region.rm, entries, region.check_vma))
+    return plan
+
+
+# -- in -----------------------------------------------------------------------------------------------
+
+
+def enter_all(region: Region, f: Callable[..., Any], args: tuple, in_specs: Any) -> list[Any]:
+    """The local values ``f`` is called with: each tensor argument entered by its plan (and typed)."""
+    entries, tree = _leaves("in_specs", in_specs, args)
+    leaves: list[Any] = []
+    misfits = None
+    for path, leaf, spec in entries:
+        if isinstance(leaf, torch.Tensor):
+            plan = _plan(region, spec)
+            if not plan.fits(leaf.shape):  # collect every misfit, then one error (_in_specs_error)
+                misfits = [] if misfits is None else misfits
+                misfits.append((path, plan, leaf.shape))
+                continue
+            if misfits is not None:
+                continue
+            leaf = _enter(region, path, leaf, plan)
+            if region.check_vma and (plan.axes or plan.unreduced):
+                region.enter(leaf, plan.axes, plan.unreduced)
+        leaves.append(leaf)
+    if misfits is not None:
+        raise _in_specs_error(region.rm, f, len(args), misfits)
+    return list(_rebuild(leaves, tree if tree is not None else ()))
+
+
+def _in_specs_error(rm: RealizedMesh, f: Callable[..., Any], n: int, misfits: list[tuple[Any, _Plan, Any]]
+                    ) -> MeshError:
+    """Every argument that does not fit its in_spec, each with the parameter of ``f`` it is bound to,
+    and the mesh (JAX's ``_spec_rank_error`` and ``_spec_divisibility_error``, in one)."""
+    name, parameters = _name(f), _parameters(f, n)
+    lines = []
+    for path, plan, shape in misfits:
+        i = _argument(path)
+        bound = "" if parameters is None or i is None or i >= len(parameters) else \
+            f" (bound to {name}'s parameter {parameters[i]})"
+        lines.append(f"  {_path(path)}={plan.spec}{bound}: {plan.misfit(shape)}")
+    count = len(misfits)
+    return MeshError(
+        f"`shard_map` requires every argument to fit its in_spec (a rank at least the spec's length, every "
+        f"sharded dim divisible by the total size of its axes), but {count} argument{'s' if count != 1 else ''} "
+        f"do{'' if count != 1 else 'es'} not (mesh {rm.mesh!r}{selected(rm)}):\n" + "\n".join(lines), mesh=rm.mesh)
+
+
+def _parameters(f: Callable[..., Any], n: int) -> list[str] | None:
+    """How ``f``'s parameters name its ``n`` positional arguments (``'x'``, ``*args[0]``), or ``None``
+    where its signature is unknown or takes fewer positional arguments (a module: its ``forward``'s)."""
+    try:
+        parameters = inspect.signature(f.forward if isinstance(f, torch.nn.Module) else f).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature, or no callable
+        return None
+    names, rest = [], None
+    for p in parameters:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(repr(p.name))
+        elif p.kind is p.VAR_POSITIONAL:
+            rest = p.name
+    if rest is not None:
+        names += [f"*{rest}[{j}]" for j in range(n - len(names))]
+    return names[:n] if len(names) >= n else None
+
+
+def _name(f: Callable[..., Any]) -> str:
+    """How messages name ``f``: its ``__name__``, a partial's function's, else its class's (a module)."""
+    name = getattr(f, "__name__", None) or getattr(getattr(f, "func", None), "__name__", None)
+    return name if isinstance(name, str) else type(f).__name__
+
+
+def _enter(region: Region, path: Any, value: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    rm = region.rm
+    if isinstance(value, DTensor):
+        dm = value.device_mesh
+        if (dm is not rm.device_mesh and dm != rm.device_mesh) or tuple(value.placements) != plan.placements:
+            raise MeshError(
+                f"`shard_map` requires each DTensor argument to be sharded as its in_spec says, but {_path(path)} is "
+                f"{_describe(value)} and its spec asks for {plan.sharding}; call fm.reshard(x, "
+                f"{plan.sharding!r}) first (communication is always explicit)", mesh=rm.mesh)
+        # with no gradient to route, the local tensor itself: what to_local gives under no_grad, without
+        # its autograd node (~10 us per argument); with one, eagerly, to_local's view with a cheaper backward
+        # (_Local); under torch.compile, or for a pending sum (whose gradient DTensor is Replicate), to_local
+        if not (value.requires_grad and torch.is_grad_enabled()):
+            local = value.to_local() if region.traced else _torch.local_tensor(value)
+        elif region.traced or plan.unreduced:
+            local = value.to_local()
+        else:
+            local = _Local.apply(value)
+    elif plan.unreduced:
+        raise MeshError(
+            f"`shard_map` requires a DTensor with Partial('sum') placements for an in_spec with unreduced axes, but "
+            f"{_path(path)} is a plain tensor and its spec is {plan.spec} (a full value is no pending sum); pass "
+            f"a DTensor (fm.sharding_of says P(..., unreduced=...) of one), or drop unreduced= from the spec",
+            mesh=rm.mesh)
+    elif not plan.gathers:
+        local = value  # replicated: the full value is the local one, and its gradient is already full
+    else:  # no communication; backward gathers the full gradient
+        local = value
+        for dim, axes in plan.gathers:
+            local = _local_block(rm, local, axes, dim)
+    # untyped: psum the cotangent over the unnamed axes (JAX's convention; typed, the rules make it
+    # invariant there already); eagerly only where there will be a cotangent
+    if plan.unnamed and (region.traced or (local.requires_grad and torch.is_grad_enabled())):
+        return region.pvary(local, plan.unnamed)
+    return local
+
+
+class _Local(torch.autograd.Function):
+    """A DTensor argument's local tensor, eagerly, when it needs a gradient: ``to_local()``'s view, whose
+    backward makes the gradient DTensor with the argument's own spec (``to_local``'s backward derives
+    it anew with ``DTensor.from_local``: some 15 us per argument and step)."""
+
+    @staticmethod
+    def forward(ctx: Any, value: DTensor) -> torch.Tensor:
+        local = _torch.local_tensor(value)
+        ctx.spec, ctx.stride = _torch.dtensor_spec(value), local.stride()
+        ctx.set_materialize_grads(False)
+        return local.view_as(local)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor | None) -> DTensor | None:
+        if grad is None:
+            return None
+        spec = ctx.spec
+        if grad.stride() != ctx.stride or torch.is_grad_enabled():  # another layout, or a graph of the backward
+            return DTensor.from_local(grad, spec.mesh, spec.placements)
+        return _torch.wrap_local(grad, copy.copy(spec), False)  # a copy, as to_local's: no spec is shared
+
+
+def _local_block(rm: RealizedMesh, x: torch.Tensor, axes: tuple[str, ...], dim: int) -> torch.Tensor:
+    """This rank's block of ``x`` along ``dim`` over ``axes`` (first axis major), without
+    communication; backward gathers the cotangent (the transpose of ``all_gather(to="invariant")``).
+    ``dim`` is a valid, non-negative dim: the boundary's plan checked it."""
+    call = C.Call("shard_map", rm, x, C.resolve_axes("shard_map", rm, axes), {}, torch.compiler.is_compiling())
+    for hop in call.hops():  # outermost first; backward gathers innermost first
+        x = C.run_step(call, x, S.Slice(call.group(hop), hop.size, dim, hop.index), hop)
+    return x
+
+
+def _describe(value: DTensor) -> str:
+    try:
+        return repr(sharding_of(value))
+    except MeshError:
+        return f"a DTensor with placements {tuple(value.placements)}"
+
+
+# -- out ----------------------------------------------------------------------------------------------
+
+
+def exit_all(region: Region, out: Any, out_specs: Any) -> Any:
+    """The region's results as DTensors, after the type checks of out_specs (typed regions)."""
+    rm = region.rm
+    entries, tree = _leaves("out_specs", out_specs, out)
+    plans = [_plan(region, spec) if isinstance(leaf, torch.Tensor) else None for _, leaf, spec in entries]
+    if region.check_vma:
+        region.check_trace("the region's results")
+        failures, pending = [], []
+        for (path, leaf, _), plan in zip(entries, plans, strict=True):
+            if plan is not None:
+                varying, named = region.type_of(leaf), plan.axes
+                if varying - named:
+                    fix = region.fix_for(leaf, varying - named)
+                    if varying & plan.unreduced and not (varying - named - plan.unreduced):
+                        axes = tuple(sorted(varying & plan.unreduced))
+                        fix = (f"its out_spec says it is a pending sum over {axes}: cast it with "
+                               f"fm.pcast(x, {axes if len(axes) > 1 else axes[0]!r}, to='unreduced')")
+                    failures.append((_path(path), varying, named, plan.spec, fix))
+                unreduced = region.unreduced_of(leaf)
+                if unreduced != plan.unreduced and (unreduced - plan.unreduced or plan.unreduced - unreduced - varying):
+                    pending.append((_path(path), varying, unreduced, plan.unreduced, plan.spec))
+        if failures:
+            raise _vma.out_specs_error(failures, rm.mesh.axis_names, region.random)
+        if pending:
+            raise _vma.unreduced_out_specs_error(pending)
+    leaves = []
+    for (path, leaf, _), plan in zip(entries, plans, strict=True):
+        if plan is not None:
+            if plan.rank > leaf.ndim:  # a result is local: only the rank rule applies
+                raise MeshError(requires("shard_map", f"a value of rank at least {plan.rank} for {_path(path)}="
+                                         f"{plan.spec}", "shape", tuple(leaf.shape)), mesh=rm.mesh)
+            leaf = _exit(region, leaf, plan)
+        leaves.append(leaf)
+    return _rebuild(leaves, tree)
+
+
+def _exit(region: Region, local: torch.Tensor, plan: _Plan) -> DTensor:
+    rm = region.rm
+    if region.check_vma:
+        missing = plan.axes - region.type_of(local)
+        region.forget(local)
+        if missing:  # invariant over a named axis: copies are concatenated, so the cotangent sums
+            local = region.pvary(local, tuple(sorted(missing)))
+    elif plan.unnamed:
+        local = _Scale.apply(local, 1.0 / axes_size(rm, plan.unnamed))
+    # the global shape: each dim's local size times the size of its axes; contiguous strides
+    shape = [n * plan.sizes[d] if d < len(plan.sizes) else n for d, n in enumerate(local.shape)]
+    if region.traced or plan.unreduced:  # (a pending sum's gradient is Replicate: from_local's own backward)
+        return DTensor.from_local(local, rm.device_mesh, plan.placements, run_check=False, shape=torch.Size(shape),
+                                  stride=row_major_strides(shape))
+    # eagerly, from_local's result without re-deriving its spec: one spec per shape and dtype, copied
+    key = (tuple(shape), local.dtype)
+    spec = plan.specs.get(key)
+    if spec is None or spec.mesh is not rm.device_mesh:  # (equal meshes share plans, not their DeviceMesh)
+        if len(plan.specs) >= 64:
+            plan.specs.clear()
+        spec = plan.specs[key] = _torch.spec_of(rm.device_mesh, plan.placements, shape, row_major_strides(shape),
+                                                local.dtype)
+    if local.requires_grad and torch.is_grad_enabled():
+        return _Global.apply(local, spec)
+    return _torch.wrap_local(local.view_as(local), copy.copy(spec), False)
+
+
+class _Global(torch.autograd.Function):
+    """A result's DTensor, eagerly, when it needs a gradient: what ``DTensor.from_local`` makes (a view of the
+    local tensor), from a spec made once per shape; backward, the cotangent's local tensor in these placements
+    (``from_local``'s backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor, spec: Any) -> DTensor:
+        ctx.spec = spec
+        ctx.set_materialize_grads(False)
+        return _torch.wrap_local(local.view_as(local), copy.copy(spec), local.requires_grad)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> tuple[Any, None]:
+        if not isinstance(grad, DTensor):
+            return grad, None
+        spec = ctx.spec
+        if tuple(grad.placements) != spec.placements:
+            grad = grad.redistribute(spec.mesh, spec.placements)
+        return (grad.to_local() if torch.is_grad_enabled() else _torch.local_tensor(grad)), None
+
+
+class _Scale(torch.autograd.Function):
+    """Identity forward; the cotangent times ``factor`` backward (an untyped result, over its unnamed axes)."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
