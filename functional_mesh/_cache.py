@@ -483,12 +483,14 @@ def read_failures() -> int:
     return len(keys)
 
 
-def init_default(plan: InitPlan) -> None:
+def init_default(plan: InitPlan, timeout: datetime.timedelta | None) -> None:
     """Start the job's default group as ``plan`` says (realize, when no default group exists).
 
-    Bounded by ``plan.timeout`` (torch's default when ``None``), never by an axis's timeout. A
-    start-up that fails (a rank that never arrived, a store that cannot be reached) is a
-    ``MeshError`` naming it, with torch's error chained.
+    The start-up is bounded by ``plan.timeout`` (torch's default when ``None``), never by an axis's
+    timeout. A start-up that fails (a rank that never arrived, a store that cannot be reached) is a
+    ``MeshError`` naming it, with torch's error chained. Once it is up, the group's collectives
+    take ``timeout`` (realize's one ``timeout=`` for every axis) when given, so that a whole-world
+    axis with that timeout still borrows it, as when the group started with it.
     """
     kwargs: dict[str, Any] = {"backend": plan.backend}
     if plan.timeout is not None:
@@ -506,6 +508,8 @@ def init_default(plan: InitPlan) -> None:
             f"{plan.backend!r}) within {bound}, but the start-up failed: a rank probably did not start, or "
             f"MASTER_ADDR/MASTER_PORT do not reach the store; realize's timeout= bounds the axes' collectives, "
             f"not this; torch said: {type(exc).__name__}: {exc}") from exc
+    if timeout is not None:
+        _torch.set_group_timeout(_torch.default_group(), timeout)
 
 
 def cache_info() -> CacheInfo:

@@ -215,7 +215,8 @@ def _settings(mesh: Mesh, keys: list[Any], device_type: str | None, backend: Any
     options = per_axis(mesh, keys, pg_options, "pg_options", lambda v: v)
     one_backend = None if isinstance(backend, Mapping) else as_backend(backend)
     if not dist.is_initialized():
-        init_default(plan_init(dict(os.environ), torch.cuda.is_available(), device_type, one_backend))
+        init_default(plan_init(dict(os.environ), torch.cuda.is_available(), device_type, one_backend),
+                     None if isinstance(timeout, Mapping) else as_timeout(timeout))
     default_backend = str(dist.get_backend())
     cuda = torch.cuda.is_available()
     device_type, backend_name, backend_arg = resolve_backend(default_backend, device_type, one_backend, cuda)

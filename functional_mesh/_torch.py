@@ -376,6 +376,15 @@ def group_timeout(pg: Any, device_type: str) -> Any:
         return None
 
 
+def set_group_timeout(pg: Any, timeout: Any) -> None:
+    """Set the timeout of ``pg``'s later operations (``ProcessGroup.set_timeout``, where this torch has it;
+    elsewhere the group keeps the timeout it started with, and a whole-world axis with another
+    timeout gets a group of its own)."""
+    setter = getattr(pg, "set_timeout", None)
+    if setter is not None:
+        setter(timeout)
+
+
 def abort_groups(groups: Sequence[Any]) -> None:
     """Abort ``groups`` on this rank and forget them in torch's registries; no collective call.
 
