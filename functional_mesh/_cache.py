@@ -469,7 +469,9 @@ def read_failures() -> int:
     if count <= seen:
         CACHE.marks_read = (store, count)
         return 0
-    marks = store.multi_get([f"{_FAILED_PREFIX}/{i}" for i in range(seen + 1, count + 1)])
+    names = [f"{_FAILED_PREFIX}/{i}" for i in range(seen + 1, count + 1)]
+    # a mark whose writer died between counting it and writing it is skipped, never waited for
+    marks = [store.get(name) for name in names if store.check([name])]
     keys = [(tuple(row), tuple(skey)) for mark in marks for row, skey in json.loads(mark.decode())]
     default = _torch.default_group()
     world = tuple(range(_torch.world_size()))
