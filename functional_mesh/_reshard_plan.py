@@ -45,7 +45,7 @@ import numpy as np
 from . import _layout as L
 from ._errors import MeshError, requires
 from ._mesh import axis_layouts
-from ._sharding import NamedSharding, global_shape_of
+from ._sharding import NamedSharding, global_shape_of, shape_of
 from ._validate import Frozen, as_bool, as_int
 
 __all__ = ["Move", "ReshardPlan", "ShapeDtypeStruct", "itemsize_of", "plan_reshard"]
@@ -914,12 +914,7 @@ class ShapeDtypeStruct(Frozen):
 
     def __init__(self, shape: Sequence[int], dtype: object, sharding: NamedSharding | None = None) -> None:
         api = "ShapeDtypeStruct"
-        if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
-            raise TypeError(requires(api, "a tuple of ints for shape", "shape", shape))
-        dims = tuple(as_int(api, "dim size", n) for n in shape)
-        for i, n in enumerate(dims):
-            if n < 0:
-                raise MeshError(requires(api, "non-negative dim sizes", f"shape[{i}]", n))
+        dims = shape_of(api, "shape", shape)
         itemsize = itemsize_of(api, dtype)
         if sharding is not None:
             if not isinstance(sharding, NamedSharding):

@@ -32,7 +32,7 @@ from ._errors import MeshError, requires
 from ._mesh import Mesh, axes_size, axis_position
 from ._validate import Frozen, as_int
 
-__all__ = ["UNREDUCED", "P", "NamedSharding", "PartitionSpec", "chunk_block", "global_shape_of", "placement_plan", "spec_from_plan"]
+__all__ = ["UNREDUCED", "P", "NamedSharding", "PartitionSpec", "chunk_block", "global_shape_of", "placement_plan", "shape_of", "spec_from_plan"]
 
 Entry = str | tuple[str, ...] | None
 
@@ -376,14 +376,21 @@ class NamedSharding:
         return f"NamedSharding({self.mesh!r}, {self.spec!r})"
 
 
-def global_shape_of(sharding: NamedSharding, api: str, global_shape: object) -> tuple[int, ...]:
-    """``global_shape`` as a tuple of ints, checked against ``sharding``'s spec for the public call ``api``."""
-    if isinstance(global_shape, (str, bytes)) or not isinstance(global_shape, Sequence):
-        raise TypeError(requires(api, "a tuple of ints for global_shape", "global_shape", global_shape))
-    shape = tuple(as_int(api, "dim size", n) for n in global_shape)
+def shape_of(api: str, name: str, value: object) -> tuple[int, ...]:
+    """``value`` as a tuple of non-negative ints (a tensor's shape), for the public call ``api``; ``name``
+    is how messages call the argument."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(requires(api, f"a tuple of ints for {name}", name, value))
+    shape = tuple(as_int(api, "dim size", n) for n in value)
     for d, n in enumerate(shape):
         if n < 0:
-            raise MeshError(requires(api, "non-negative dim sizes", f"global_shape[{d}]", n))
+            raise MeshError(requires(api, "non-negative dim sizes", f"{name}[{d}]", n))
+    return shape
+
+
+def global_shape_of(sharding: NamedSharding, api: str, global_shape: object) -> tuple[int, ...]:
+    """``global_shape`` as a tuple of ints, checked against ``sharding``'s spec for the public call ``api``."""
+    shape = shape_of(api, "global_shape", global_shape)
     if len(sharding.spec) > len(shape):
         raise MeshError(
             requires(api, f"a tensor with at least as many dims as the spec ({len(sharding.spec)})",
