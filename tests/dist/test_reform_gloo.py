@@ -16,7 +16,6 @@ caused pair closure"); and the two survivors had finished different steps.
 from __future__ import annotations
 
 import datetime
-import json
 import multiprocessing as mp
 import os
 import re
@@ -31,6 +30,8 @@ import torch
 import torch.distributed as dist
 
 import functional_mesh as fm
+
+from examples.elastic_replicate import agree_on_survivors  # the recipe of docs/reliability.md, as users run it
 
 from .test_faults_gloo import MARGIN_S, run_world, self_kill
 
@@ -65,19 +66,6 @@ def train_step(rm: Any, w: torch.Tensor, step: int, between: Callable[[], None] 
     g = fm.psum(g, "tp", mesh=rm)
     between()
     return (w - LR * fm.psum(g, "dp_replicate", mesh=rm)).detach()
-
-
-def agree_on_survivors(generation: str, world: int, wait_s: float, step: int) -> tuple[list[int], int]:
-    """docs/reliability.md's agreement: who is alive, and the last step every one of them completed."""
-    store = dist.distributed_c10d._get_default_store()
-    store.set(f"{generation}/alive/{dist.get_rank()}", str(step))
-    deadline, verdict = time.monotonic() + wait_s, f"{generation}/verdict"
-    keys = [f"{generation}/alive/{r}" for r in range(world)]
-    while time.monotonic() < deadline and not store.check([verdict]) and not all(store.check([k]) for k in keys):
-        time.sleep(0.05)
-    seen = {r: int(store.get(k)) for r, k in enumerate(keys) if store.check([k])}
-    decided = json.loads(store.compare_set(verdict, "", json.dumps(seen)).decode())
-    return sorted(int(r) for r in decided), min(decided.values())
 
 
 def lose_replica_one_mid_step(rank: int, entering: Callable[[], float]) -> tuple[Any, float]:
