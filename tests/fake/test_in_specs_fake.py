@@ -18,6 +18,7 @@ import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the
 
 import functional_mesh as fm
 from functional_mesh import P
+from functional_mesh import _torch
 
 
 @pytest.fixture
@@ -116,5 +117,8 @@ def test_under_torch_compile_the_error_is_the_same(rm):
     torch._dynamo.reset()
     with pytest.raises(fm.MeshError) as compiled:
         torch.compile(mapped, fullgraph=True, backend="eager")(*args)
+    if _torch.region_trace_failure() is not None:  # torch 2.11/2.12: no compiled regions; the gate says so first
+        assert "requires torch >= 2.13" in str(compiled.value)
+        return
     assert str(eager.value) in str(compiled.value)
     assert "(bound to <lambda>'s parameter 'w')" in str(compiled.value)
