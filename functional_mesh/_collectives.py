@@ -253,8 +253,9 @@ class Collective:
 
     ``run`` carries out a bound call: its forward steps, each with its backward step (the
     autograd rule), size-1 axes as local steps, and the debug check before each step that
-    communicates. ``rule`` types it in a typed region, from the operand's type, the axes and the
-    parameters (``None``: the result is no tensor and has no type); ``untyped`` is JAX's convention
+    communicates. ``rule`` types it in a typed region (``_vma.CollectiveRule``: from the operand's
+    :class:`~functional_mesh._vma.AxisTypes`, pending sums included, the axes and the parameters;
+    ``None``: the result is no tensor and has no type); ``untyped`` is JAX's convention
     in an untyped region (``None``: ``run`` as it is). ``region_dtype``: a region returns the
     result as a 0-d tensor of this dtype (``axis_index``: a value that varies over its axes).
     """
@@ -262,7 +263,7 @@ class Collective:
     name: str
     operand: bool  # takes a tensor ``x`` first
     run: Callable[[Call], Any]
-    rule: Callable[[str, frozenset[str], frozenset[str], dict[str, Any]], _vma.Rule] | None
+    rule: _vma.CollectiveRule | None
     check_params: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None
     untyped: Callable[[Call], Any] | None = None
     region_dtype: torch.dtype | None = None
@@ -270,9 +271,6 @@ class Collective:
     # the fix an out_specs error suggests for a result of this call that varies over the call's axes, where the
     # generic one (psum or all_gather over them) would mislead: (axes, params) -> the fix, or None (generic)
     fix: Callable[[tuple[str, ...], dict[str, Any]], str | None] | None = None
-    # the rule for an operand that is a pending sum (unreduced over some axes): (api, varying, unreduced, axes,
-    # params) -> Rule; None: the collective refuses one (it would move or compare the terms, not the sum)
-    unreduced: Callable[[str, frozenset[str], frozenset[str], frozenset[str], dict[str, Any]], _vma.Rule] | None = None
 
 
 COLLECTIVES: dict[Any, Collective] = {}  # public function -> its record
@@ -394,8 +392,6 @@ def _pmean_untyped(call: Call) -> torch.Tensor:
     return _psum_untyped(call) / call.axes.size
 
 
-def _psum_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: dict[str, Any]) -> _vma.Rule:
-    return _vma.psum_rule(api, operand, axes)
 
 
 # pmax / pmin: the all-reduce of max (min); the gradient to the members holding the result, ties
@@ -443,8 +439,6 @@ def _identity(call: Call) -> torch.Tensor:
     return call.x
 
 
-def _pvary_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: dict[str, Any]) -> _vma.Rule:
-    return _vma.pvary_rule(api, operand, axes)
 
 
 def _pcast_params(api: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -463,32 +457,14 @@ def _pcast(call: Call) -> torch.Tensor:
     return _identity(call).view_as(call.x)  # a new tensor: the region types it, not x
 
 
-def _pcast_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: dict[str, Any]) -> _vma.Rule:
-    if params["to"] == "varying":
-        return _vma.pvary_rule(api, operand, axes)
-    return _vma.unreduced_cast_rule(api, operand, frozenset(), axes)
 
 
-def _pcast_unreduced(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str],
-                   params: dict[str, Any]) -> _vma.Rule:
-    if params["to"] == "varying":
-        return _vma.unreduced_pvary_rule(api, varying, unreduced, axes)
-    return _vma.unreduced_cast_rule(api, varying, unreduced, axes)
 
 
-def _pvary_unreduced(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str],
-                   params: dict[str, Any]) -> _vma.Rule:
-    return _vma.unreduced_pvary_rule(api, varying, unreduced, axes)
 
 
-def _psum_unreduced(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str],
-                  params: dict[str, Any]) -> _vma.Rule:
-    return _vma.unreduced_psum_rule(api, varying, unreduced, axes)
 
 
-def _scatter_unreduced(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str],
-                     params: dict[str, Any]) -> _vma.Rule:
-    return _vma.unreduced_scatter_rule(api, varying, unreduced, axes)
 
 
 # all_gather: gather forward; backward psum_scatter (to="varying") or this member's slice (invariant).
@@ -516,10 +492,6 @@ def _all_gather(call: Call) -> torch.Tensor:
     return x
 
 
-def _gather_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: dict[str, Any]) -> _vma.Rule:
-    if params["to"] == "invariant":
-        return _vma.invariant_gather_rule(api, operand, axes)
-    return _vma.gather_rule(api, operand, axes)
 
 
 def _gather_fix(names: tuple[str, ...], params: dict[str, Any]) -> str | None:
@@ -553,16 +525,12 @@ def _psum_scatter(call: Call) -> torch.Tensor:
     return x if params["tiled"] else x.squeeze(d)
 
 
-def _psum_scatter_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: dict[str, Any]) -> _vma.Rule:
-    return _vma.psum_scatter_rule(api, operand, axes)
 
 
 def _describe_scatter(call: Call) -> str:
     return f", dim={as_dim(call.api, call.x.ndim, call.params['dim'])}, tiled={call.params['tiled']}"
 
 
-def _spread_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: dict[str, Any]) -> _vma.Rule:
-    return _vma.spread_rule(api, operand, axes)
 
 
 # all_to_all: split_dim's blocks to the members, arrivals on concat_dim; backward the inverse.
@@ -731,8 +699,6 @@ def _axis_index(call: Call) -> int:
     return call.member()
 
 
-def _axis_index_rule(api: str, operand: frozenset[str], axes: frozenset[str], params: dict[str, Any]) -> _vma.Rule:
-    return _vma.axis_index_rule(axes)
 
 
 def _axis_size(call: Call) -> int:
@@ -1424,25 +1390,24 @@ def axis_size(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) ->
     return _dispatch(AXIS_SIZE, axis_size, None, axis, mesh, {})
 
 
-PSUM = _register(psum, Collective("psum", True, _psum, _psum_rule, untyped=_psum_untyped, unreduced=_psum_unreduced))
-PMEAN = _register(pmean, Collective("pmean", True, _pmean, _psum_rule, untyped=_pmean_untyped, unreduced=_psum_unreduced))
-PMAX = _register(pmax, Collective("pmax", True, partial(_extremum, "max"), _psum_rule,
+PSUM = _register(psum, Collective("psum", True, _psum, _vma.psum_rule, untyped=_psum_untyped))
+PMEAN = _register(pmean, Collective("pmean", True, _pmean, _vma.psum_rule, untyped=_pmean_untyped))
+PMAX = _register(pmax, Collective("pmax", True, partial(_extremum, "max"), _vma.pmax_rule,
                                   untyped=partial(_extremum_untyped, "max")))
-PMIN = _register(pmin, Collective("pmin", True, partial(_extremum, "min"), _psum_rule,
+PMIN = _register(pmin, Collective("pmin", True, partial(_extremum, "min"), _vma.pmax_rule,
                                   untyped=partial(_extremum_untyped, "min")))
-PVARY = _register(pvary, Collective("pvary", True, _pvary, _pvary_rule, untyped=_identity, unreduced=_pvary_unreduced))
-PCAST = _register(pcast, Collective("pcast", True, _pcast, _pcast_rule, _pcast_params, untyped=_identity,
-                                    unreduced=_pcast_unreduced))
-ALL_GATHER = _register(all_gather, Collective("all_gather", True, _all_gather, _gather_rule, _gather_params,
+PVARY = _register(pvary, Collective("pvary", True, _pvary, _vma.pvary_rule, untyped=_identity))
+PCAST = _register(pcast, Collective("pcast", True, _pcast, _vma.pcast_rule, _pcast_params, untyped=_identity))
+ALL_GATHER = _register(all_gather, Collective("all_gather", True, _all_gather, _vma.gather_rule, _gather_params,
                                               describe=_describe_gather, fix=_gather_fix))
-PSUM_SCATTER = _register(psum_scatter, Collective("psum_scatter", True, _psum_scatter, _psum_scatter_rule, _tiled,
-                                                  describe=_describe_scatter, unreduced=_scatter_unreduced))
-ALL_TO_ALL = _register(all_to_all, Collective("all_to_all", True, _all_to_all, _spread_rule, _tiled,
+PSUM_SCATTER = _register(psum_scatter, Collective("psum_scatter", True, _psum_scatter, _vma.psum_scatter_rule,
+                                                  _tiled, describe=_describe_scatter))
+ALL_TO_ALL = _register(all_to_all, Collective("all_to_all", True, _all_to_all, _vma.spread_rule, _tiled,
                                               describe=_describe_exchange))
-RAGGED_ALL_TO_ALL = _register(ragged_all_to_all, Collective("ragged_all_to_all", True, _ragged, _spread_rule,
+RAGGED_ALL_TO_ALL = _register(ragged_all_to_all, Collective("ragged_all_to_all", True, _ragged, _vma.spread_rule,
                                                             describe=_describe_ragged))
-PPERMUTE = _register(ppermute, Collective("ppermute", True, _ppermute, _spread_rule, describe=_describe_perm))
-AXIS_INDEX = _register(axis_index, Collective("axis_index", False, _axis_index, _axis_index_rule,
+PPERMUTE = _register(ppermute, Collective("ppermute", True, _ppermute, _vma.spread_rule, describe=_describe_perm))
+AXIS_INDEX = _register(axis_index, Collective("axis_index", False, _axis_index, _vma.axis_index_rule,
                                               region_dtype=torch.int32))
 AXIS_SIZE = _register(axis_size, Collective("axis_size", False, _axis_size, None))
 COLLECTIVES_BY_NAME = {rec.name: rec for rec in COLLECTIVES.values()}

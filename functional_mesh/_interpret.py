@@ -26,15 +26,18 @@ from ._region import NOTHING, TAG, Region
 
 __all__ = ["TypedMode"]
 
-_UNREDUCED_RULES: dict[tuple[Any, ...], _vma.Rule] = {}  # (op, kind, types, roles, adds a number) -> rule
-_DEFAULT_RULES: dict[tuple[frozenset[str], ...], _vma.Rule] = {}  # operand types -> the default rule's answer
+# The rules' answers, one cache: a rule depends on types only (shapes are for messages). The default
+# rule's answer is keyed by the operands' types (a tuple of frozensets: the binary op's fast path looks it up
+# without a call); an op with a pending-sum operand by (op, linear kind, varying types, unreduced types, roles,
+# adds a number), a tuple that starts with a str, so the two kinds of keys never meet.
+_RULES: dict[tuple[Any, ...], _vma.Rule] = {}
 
 
 def _default_rule(operands: list[frozenset[str]]) -> _vma.Rule:
     key = tuple(operands)
-    rule = _DEFAULT_RULES.get(key)
+    rule = _RULES.get(key)
     if rule is None:
-        rule = _DEFAULT_RULES[key] = _vma.default_rule(operands)
+        rule = _RULES[key] = _vma.default_rule(operands)
     return rule
 
 
@@ -69,7 +72,7 @@ class TypedMode(TorchFunctionMode):
                     if ta is tb or ta == tb:
                         same = ta
                     else:
-                        rule = _DEFAULT_RULES.get((ta, tb)) or _default_rule([ta, tb])
+                        rule = _RULES.get((ta, tb)) or _default_rule([ta, tb])
                         ca, cb = rule.casts
                         args, same = (region.cast(a, ca) if ca else a, region.cast(b, cb) if cb else b), rule.result
                 else:
@@ -161,9 +164,9 @@ class TypedMode(TorchFunctionMode):
                     f"the bias to its term, so the sum would hold it once per member; call it without the bias, "
                     f"then psum over {axes} and add the bias (or add it after a psum_scatter)")
         key = (kind.name, linear, tuple(operands), tuple(pending), tuple(roles), adds_number)
-        rule = _UNREDUCED_RULES.get(key)  # the rule depends on types only (shapes are for messages)
+        rule = _RULES.get(key)
         if rule is None:
-            rule = _UNREDUCED_RULES[key] = _vma.unreduced_op_rule(
+            rule = _RULES[key] = _vma.unreduced_op_rule(
                 kind.name, linear, [(tuple(flat[i].shape), t, u) for i, t, u in zip(positions, operands, pending,
                                                                                       strict=True)],
                 roles, adds_number)

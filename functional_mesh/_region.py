@@ -111,6 +111,14 @@ class Region:
         tag = getattr(t, TAG, None)
         return tag.unreduced if tag is not None and tag.region is self else NOTHING
 
+    def types_of(self, t: torch.Tensor) -> _vma.AxisTypes:
+        """``t``'s whole type: the axes it varies over and those it is a pending sum over."""
+        if self.traced:
+            return _vma.AxisTypes(self.types.get(t, NOTHING), NOTHING if self.unreduced is None else
+                                  self.unreduced.get(t, NOTHING))
+        tag = getattr(t, TAG, None)
+        return _vma.AxisTypes(tag.axes, tag.unreduced) if tag is not None and tag.region is self else _vma.INVARIANT
+
     def tag_for(self, axes: frozenset[str]) -> Tag:
         """The region's one tag of a tensor that varies over ``axes`` (eagerly)."""
         tag = self.tags.get(axes)
@@ -275,13 +283,7 @@ class Region:
         if not self.check_vma:
             out = (rec.untyped or rec.run)(call)
             return out if rec.region_dtype is None else torch.tensor(out, dtype=rec.region_dtype)
-        pending = self.unreduced_of(x) if rec.operand else NOTHING
-        if pending:  # a pending sum: the record's own rule for one, or an error (reduce first)
-            if rec.unreduced is None:
-                raise _vma.unreduced_collective_error(api, pending, frozenset(call.names))
-            rule = rec.unreduced(api, self.type_of(x), pending, frozenset(call.names), call.params)
-        else:
-            rule = rec.rule(api, self.type_of(x) if rec.operand else NOTHING, frozenset(call.names), call.params)
+        rule = rec.rule(api, self.types_of(x) if rec.operand else _vma.INVARIANT, frozenset(call.names), call.params)
         if rec.operand and rule.casts[0]:
             call = call._replace(x=self.cast(x, rule.casts[0]))
         out = rec.run(call)

@@ -103,7 +103,7 @@ def typeof(t: torch.Tensor) -> _vma.AxisTypes:
     if region is None or not region.check_vma:
         raise MeshError("`typeof` requires an enclosing shard_map region with check_vma=True, but got "
                         + ("a region with check_vma=False" if region is not None else "none"))
-    return _vma.AxisTypes(region.type_of(t), region.unreduced_of(t))
+    return region.types_of(t)
 
 
 def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_specs: Any,

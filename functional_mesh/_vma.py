@@ -24,17 +24,17 @@ it is raised inside ``__torch_function__`` of a reflected operator (``2 - x``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from ._errors import MeshError
 
-__all__ = ["LINEAR_KINDS", "AxisTypes", "Rule", "VmaError", "axis_index_rule", "check_write", "default_rule",
-           "gather_rule", "invariant_gather_rule", "op_error", "out_specs_error", "psum_rule", "psum_scatter_rule",
-           "pvary_rule", "random_rule", "set_repr", "spread_rule", "unreduced_cast_rule", "unreduced_collective_error",
-           "unreduced_op_rule", "unreduced_out_specs_error", "unreduced_psum_rule", "unreduced_pvary_rule",
-           "unreduced_scatter_rule"]
+__all__ = ["INVARIANT", "LINEAR_KINDS", "AxisTypes", "CollectiveRule", "Rule", "VmaError", "axis_index_rule",
+           "check_write", "default_rule", "gather_rule", "op_error", "out_specs_error", "pcast_rule", "pmax_rule",
+           "psum_rule", "psum_scatter_rule", "pvary_rule", "random_rule", "set_repr", "spread_rule",
+           "unreduced_collective_error", "unreduced_op_rule", "unreduced_out_specs_error"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,9 @@ class AxisTypes:
         if self.unreduced:
             return f"AxisTypes(varying={set_repr(self.varying)}, unreduced={set_repr(self.unreduced)})"
         return f"AxisTypes(varying={set_repr(self.varying)})"
+
+
+INVARIANT = AxisTypes(frozenset())  # the type of a tensor the region never typed (made outside it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,66 +151,6 @@ def random_rule(operands: Sequence[frozenset[str]], mesh_axes: frozenset[str]) -
     return Rule(_casts(operands, mesh_axes), mesh_axes)
 
 
-def _check_not_mixed(api: str, operand: frozenset[str], axes: frozenset[str]) -> None:
-    """A reduction over several axes needs an operand that varies over all of them or over none (JAX)."""
-    varying, invariant = operand & axes, axes - operand
-    if varying and invariant:
-        raise VmaError(
-            f"`{api}` over {tuple(sorted(axes))} requires a value that varies over all of these axes or over none, "
-            f"but got one that varies over {sorted(varying)} and not over {sorted(invariant)}; reduce over "
-            f"{tuple(sorted(varying))} alone, or fm.pcast(x, {tuple(sorted(invariant))!r}, to='varying') first")
-
-
-def psum_rule(api: str, operand: frozenset[str], axes: frozenset[str]) -> Rule:
-    """``psum``/``pmean`` over ``axes``: invariant over them; an invariant operand is cast first (``n * x``).
-
-    An operand that varies over some of the axes and not the others is a ``VmaError``, as in JAX.
-    """
-    _check_not_mixed(api, operand, axes)
-    return Rule((axes - operand,), operand - axes)
-
-
-def psum_scatter_rule(api: str, operand: frozenset[str], axes: frozenset[str]) -> Rule:
-    """``psum_scatter`` over ``axes``: the result varies over them; mixed operands are an error (JAX)."""
-    _check_not_mixed(api, operand, axes)
-    return spread_rule(api, operand, axes)
-
-
-def pvary_rule(api: str, operand: frozenset[str], axes: frozenset[str]) -> Rule:
-    """``pvary``/``pcast(to="varying")``: the operand must be invariant over ``axes``; the result varies."""
-    already = operand & axes
-    if already:
-        raise VmaError(
-            f"`{api}` requires a value invariant over the axes it casts to varying, but got a value that "
-            f"already varies over {sorted(already)} (its axes: {set_repr(operand)}); drop those axes from the call")
-    return Rule((frozenset(),), operand | axes)
-
-
-def spread_rule(api: str, operand: frozenset[str], axes: frozenset[str]) -> Rule:
-    """``all_gather(to="varying")``, ``all_to_all``, ``ppermute``: the result varies over ``axes``.
-
-    An operand invariant over some of ``axes`` is cast first, as JAX does.
-    """
-    return Rule((axes - operand,), operand | axes)
-
-
-gather_rule = spread_rule
-
-
-def invariant_gather_rule(api: str, operand: frozenset[str], axes: frozenset[str]) -> Rule:
-    """``all_gather(to="invariant")``: every member gets the same value, invariant over ``axes``.
-
-    The operand is cast to vary over ``axes`` first: gathering copies of an invariant block is
-    legal, and its backward (this rank's slice of the cotangent) then sums over the copies.
-    """
-    return Rule((axes - operand,), operand - axes)
-
-
-def axis_index_rule(axes: frozenset[str]) -> Rule:
-    """``axis_index``: a value that varies over exactly its axes."""
-    return Rule((), axes)
-
-
 # -- pending sums (unreduced) ------------------------------------------------------------------------------
 #
 # Which ops are linear, and how: ``_op_rules`` names each torch function's kind, one of these.
@@ -304,12 +247,40 @@ def _default_over(varying: Sequence[frozenset[str]]) -> frozenset[str]:
     return frozenset().union(*varying)
 
 
+# -- the collectives' rules: one type value in, one Rule out -------------------------------------------------
+#
+# Every collective's record (``_collectives``) holds one of these in its ``rule`` slot, with one signature,
+# :data:`CollectiveRule`: ``(api, types, axes, params) -> Rule``, as JAX's ``collective_vma_rule`` reads one
+# aval. ``types`` is the operand's :class:`AxisTypes` (varying and unreduced axes; :data:`INVARIANT` for a
+# collective without an operand), ``axes`` the call's axes, ``params`` its checked parameters. A rule that does
+# not keep a pending sum refuses one (:func:`unreduced_collective_error`): it would move or compare the terms.
+
+CollectiveRule = Callable[[str, AxisTypes, frozenset[str], Mapping[str, Any]], Rule]
+
+_NO_PARAMS: Mapping[str, Any] = MappingProxyType({})
+
+
 def unreduced_collective_error(api: str, unreduced: frozenset[str], axes: frozenset[str]) -> VmaError:
-    """A collective that moves members' values (gather, exchange, permute, max, ...) of a pending sum."""
+    """A collective that moves members' values (gather, exchange, permute, ...) of a pending sum."""
     names = tuple(sorted(unreduced))
     return VmaError(f"`{api}` over {tuple(sorted(axes))} requires a value that is not unreduced, but got one unreduced "
                     f"over {names} (a pending sum: `{api}` would move or compare its terms, not the sum); reduce "
                     f"first: {_fix(unreduced)}")
+
+
+def _refuse_pending(api: str, types: AxisTypes, axes: frozenset[str]) -> None:
+    if types.unreduced:
+        raise unreduced_collective_error(api, types.unreduced, axes)
+
+
+def _check_not_mixed(api: str, operand: frozenset[str], axes: frozenset[str]) -> None:
+    """A reduction over several axes needs an operand that varies over all of them or over none (JAX)."""
+    varying, invariant = operand & axes, axes - operand
+    if varying and invariant:
+        raise VmaError(
+            f"`{api}` over {tuple(sorted(axes))} requires a value that varies over all of these axes or over none, "
+            f"but got one that varies over {sorted(varying)} and not over {sorted(invariant)}; reduce over "
+            f"{tuple(sorted(varying))} alone, or fm.pcast(x, {tuple(sorted(invariant))!r}, to='varying') first")
 
 
 def _check_one_state(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> None:
@@ -325,37 +296,64 @@ def _check_one_state(api: str, varying: frozenset[str], unreduced: frozenset[str
     _check_not_mixed(api, varying | pending, axes)
 
 
-def unreduced_psum_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
-    """``psum``/``pmean`` of a value unreduced over some axes: invariant over ``axes``, which ends the
-    pending sum over them (the others stay pending). Over a tuple, the axes must be in one state:
-    all unreduced, all varying or all invariant (JAX refuses a mix too)."""
+def psum_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mapping[str, Any] = _NO_PARAMS) -> Rule:
+    """``psum``/``pmean`` over ``axes``: invariant over them; an invariant operand is cast first (``n * x``).
+
+    A pending sum over the axes ends there (invariant); over other axes it stays pending. Over a
+    tuple the axes must be in one state (all varying, all unreduced or all invariant): an operand
+    that varies over some of them and not the others is a ``VmaError``, as in JAX.
+    """
+    varying, unreduced = types.varying, types.unreduced
     _check_one_state(api, varying, unreduced, axes)
     reduced = varying | (unreduced & axes)
     return Rule((axes - reduced,), varying - axes, unreduced - axes)
 
 
-def unreduced_scatter_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
-    """``psum_scatter`` of a pending sum: each member's block of the sum, varying over ``axes`` (one
-    state over a tuple, as :func:`unreduced_psum_rule`)."""
+def pmax_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mapping[str, Any] = _NO_PARAMS) -> Rule:
+    """``pmax``/``pmin``: typed as ``psum`` (invariant over ``axes``), but a pending sum is refused: the
+    largest of the members' terms is not the largest value of their sum."""
+    if types.unreduced:
+        names = tuple(sorted(types.unreduced))
+        raise VmaError(f"`{api}` over {tuple(sorted(axes))} requires a value that is not unreduced (valid: varying or "
+                       f"invariant over every axis), but got one unreduced over {names} (a pending sum: `{api}` "
+                       f"would compare the members' terms, which is no {api[1:]} of their sum); reduce first: "
+                       f"{_fix(types.unreduced)}, then `{api}`")
+    return psum_rule(api, types, axes)
+
+
+def psum_scatter_rule(api: str, types: AxisTypes, axes: frozenset[str],
+                      params: Mapping[str, Any] = _NO_PARAMS) -> Rule:
+    """``psum_scatter`` over ``axes``: each member's block of the sum, varying over them; a pending sum
+    over the axes ends there; mixed operands are an error (one state over a tuple, as :func:`psum_rule`)."""
+    varying, unreduced = types.varying, types.unreduced
     _check_one_state(api, varying, unreduced, axes)
     reduced = varying | (unreduced & axes)
     return Rule((axes - reduced,), varying | axes, unreduced - axes)
 
 
-def unreduced_pvary_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
-    """``pvary`` of a value pending over other axes: those stay pending; over its own axes it is an error."""
+def pvary_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mapping[str, Any] = _NO_PARAMS) -> Rule:
+    """``pvary``/``pcast(to="varying")``: the operand must be invariant over ``axes``; the result varies.
+
+    A value pending over other axes stays pending; over the call's own axes it is an error.
+    """
+    varying, unreduced = types.varying, types.unreduced
     if unreduced & axes:
         raise unreduced_collective_error(api, unreduced & axes, axes)
-    rule = pvary_rule(api, varying, axes)
-    return Rule(rule.casts, rule.result, unreduced)
+    already = varying & axes
+    if already:
+        raise VmaError(
+            f"`{api}` requires a value invariant over the axes it casts to varying, but got a value that "
+            f"already varies over {sorted(already)} (its axes: {set_repr(varying)}); drop those axes from the call")
+    return Rule((frozenset(),), varying | axes, unreduced)
 
 
-def unreduced_cast_rule(api: str, varying: frozenset[str], unreduced: frozenset[str], axes: frozenset[str]) -> Rule:
+def _unreduced_cast_rule(api: str, types: AxisTypes, axes: frozenset[str]) -> Rule:
     """``pcast(x, axes, to="unreduced")``: a value varying over ``axes`` becomes a pending sum over them.
 
     From invariant it is an error, as in JAX: every member holds the whole value, so the sum of
     the members' would be ``n`` times it.
     """
+    varying, unreduced = types.varying, types.unreduced
     already = axes & unreduced
     if already:
         raise VmaError(f"`{api}` requires a value varying over the axes it casts to unreduced, but got one already "
@@ -367,6 +365,42 @@ def unreduced_cast_rule(api: str, varying: frozenset[str], unreduced: frozenset[
                        f"would be n times it (n: the size of {tuple(sorted(invariant))}); cast it to varying first (fm.pcast(x, {tuple(sorted(invariant))!r}, to='varying')) "
                        f"if that sum is meant, or divide by fm.axis_size first")
     return Rule((frozenset(),), varying - axes, unreduced | axes)
+
+
+def pcast_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mapping[str, Any]) -> Rule:
+    """``pcast(x, axes, to=...)``: ``to="varying"`` as :func:`pvary_rule`; ``to="unreduced"``: a pending
+    sum over ``axes`` of a value varying over them."""
+    if params["to"] == "varying":
+        return pvary_rule(api, types, axes)
+    return _unreduced_cast_rule(api, types, axes)
+
+
+def spread_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mapping[str, Any] = _NO_PARAMS) -> Rule:
+    """``all_to_all``, ``ragged_all_to_all``, ``ppermute``: the result varies over ``axes``.
+
+    An operand invariant over some of ``axes`` is cast first, as JAX does; a pending sum is refused.
+    """
+    _refuse_pending(api, types, axes)
+    return Rule((axes - types.varying,), types.varying | axes)
+
+
+def gather_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mapping[str, Any]) -> Rule:
+    """``all_gather``: ``to="varying"`` as :func:`spread_rule`; ``to="invariant"``: every member gets the
+    same value, invariant over ``axes``.
+
+    The operand is cast to vary over ``axes`` first either way: gathering copies of an invariant block
+    is legal, and the invariant form's backward (this rank's slice of the cotangent) then sums over
+    the copies. A pending sum is refused.
+    """
+    _refuse_pending(api, types, axes)
+    varying = types.varying
+    return Rule((axes - varying,), varying - axes if params["to"] == "invariant" else varying | axes)
+
+
+def axis_index_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mapping[str, Any] = _NO_PARAMS
+                    ) -> Rule:
+    """``axis_index``: a value that varies over exactly its axes (no operand)."""
+    return Rule((), axes)
 
 
 def unreduced_out_specs_error(failures: Sequence[tuple[str, frozenset[str], frozenset[str], frozenset[str], str]]

@@ -46,22 +46,24 @@ def test_casts_equalise_the_operands_and_only_add_axes(operands):
 @given(types, types.filter(bool))
 def test_psum_removes_exactly_its_axes_and_casts_the_invariant_ones(t, axes):
     if (t & axes) and (axes - t):  # varying over some of the axes, invariant over others: JAX refuses
-        for rule in (V.psum_rule, V.psum_scatter_rule):
+        for rule in (V.psum_rule, V.psum_scatter_rule, V.pmax_rule):
             with pytest.raises(VmaError, match="varies over all of these axes or over none"):
-                rule("psum", t, axes)
+                rule("psum", V.AxisTypes(t), axes, {})
         return
-    rule = V.psum_rule("psum", t, axes)
-    assert rule.result == t - axes
+    rule = V.psum_rule("psum", V.AxisTypes(t), axes, {})
+    assert rule.result == t - axes and not rule.unreduced
     assert rule.casts == (axes - t,)  # psum of an invariant value is n * x: cast first
-    scatter = V.psum_scatter_rule("psum_scatter", t, axes)
+    assert V.pmax_rule("pmax", V.AxisTypes(t), axes, {}) == rule  # pmax/pmin are typed as psum
+    scatter = V.psum_scatter_rule("psum_scatter", V.AxisTypes(t), axes, {})
     assert scatter.result == t | axes and scatter.casts == (axes - t,)
 
 
 @given(types, types.filter(bool))
 def test_spreading_collectives_make_the_result_vary_over_their_axes(t, axes):
-    for rule in (V.spread_rule("ppermute", t, axes), V.gather_rule("all_gather", t, axes)):
+    types = V.AxisTypes(t)
+    for rule in (V.spread_rule("ppermute", types, axes, {}), V.gather_rule("all_gather", types, axes, {"to": "varying"})):
         assert rule.result == t | axes and rule.casts == (axes - t,)
-    inv = V.invariant_gather_rule("all_gather", t, axes)
+    inv = V.gather_rule("all_gather", types, axes, {"to": "invariant"})
     assert inv.result == t - axes and inv.casts == (axes - t,)
 
 
@@ -69,9 +71,9 @@ def test_spreading_collectives_make_the_result_vary_over_their_axes(t, axes):
 def test_pvary_needs_an_invariant_operand(t, axes):
     if t & axes:
         with pytest.raises(VmaError, match="already varies over"):
-            V.pvary_rule("pvary", t, axes)
+            V.pvary_rule("pvary", V.AxisTypes(t), axes, {})
     else:
-        rule = V.pvary_rule("pvary", t, axes)
+        rule = V.pvary_rule("pvary", V.AxisTypes(t), axes, {})
         assert rule.result == t | axes and rule.casts == (frozenset(),)
 
 
@@ -93,7 +95,41 @@ def test_a_write_is_legal_exactly_when_the_written_tensor_covers_the_result(writ
 
 
 def test_axis_index_varies_over_exactly_its_axes():
-    assert V.axis_index_rule(frozenset({"a", "b"})).result == {"a", "b"}
+    assert V.axis_index_rule("axis_index", V.INVARIANT, frozenset({"a", "b"}), {}).result == {"a", "b"}
+
+
+# -- pending sums: the same rules, the same one type value --------------------------------------------------
+
+pending_types = st.builds(lambda v, u: V.AxisTypes(v - u, u), types, types)
+
+
+@given(pending_types, types.filter(bool))
+def test_psum_ends_a_pending_sum_over_its_axes_and_keeps_the_others(t, axes):
+    mixed = (axes & t.unreduced) and (axes - t.unreduced)
+    if mixed or ((t.varying | t.unreduced) & axes and axes - t.varying - t.unreduced):
+        for rule in (V.psum_rule, V.psum_scatter_rule):
+            with pytest.raises(VmaError, match="one state over all of these axes|varies over all of these axes"):
+                rule("psum", t, axes, {})
+        return
+    rule = V.psum_rule("psum", t, axes, {})
+    assert rule.result == t.varying - axes and rule.unreduced == t.unreduced - axes
+    scatter = V.psum_scatter_rule("psum_scatter", t, axes, {})
+    assert scatter.result == t.varying | axes and scatter.unreduced == t.unreduced - axes
+
+
+@given(pending_types.filter(lambda t: bool(t.unreduced)), types.filter(bool))
+def test_the_collectives_that_move_or_compare_terms_refuse_a_pending_sum(t, axes):
+    for rule, params in ((V.spread_rule, {}), (V.gather_rule, {"to": "varying"}), (V.gather_rule, {"to": "invariant"}),
+                         (V.pmax_rule, {})):
+        with pytest.raises(VmaError, match="requires a value that is not unreduced"):
+            rule("op", t, axes, params)
+
+
+def test_pmax_of_a_pending_sum_names_the_api_the_axes_and_the_valid_choices():
+    with pytest.raises(VmaError, match=r"`pmin` over \('tp',\) requires a value that is not unreduced \(valid: "
+                                       r"varying or invariant over every axis\), but got one unreduced over \('tp',\) "
+                                       r".*no min of their sum\); reduce first: psum .* then `pmin`"):
+        V.pmax_rule("pmin", V.AxisTypes(frozenset(), frozenset({"tp"})), frozenset({"tp"}), {})
 
 
 def test_the_type_error_is_a_mesh_error_never_a_type_error():
