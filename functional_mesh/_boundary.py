@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from . import _collectives as C
 from . import _steps as S
 from . import _torch, _vma
+from ._call import Call, resolve_axes, run_step
 from ._errors import MeshError, requires
 from ._handle import RealizedMesh, recall, remember
 from ._interop import sharding_of
@@ -320,9 +320,9 @@ def _local_block(rm: RealizedMesh, x: torch.Tensor, axes: tuple[str, ...], dim: 
     """This rank's block of ``x`` along ``dim`` over ``axes`` (first axis major), without
     communication; backward gathers the cotangent (the transpose of ``all_gather(to="invariant")``).
     ``dim`` is a valid, non-negative dim: the boundary's plan checked it."""
-    call = C.Call("shard_map", rm, x, C.resolve_axes("shard_map", rm, axes), {}, torch.compiler.is_compiling())
+    call = Call("shard_map", rm, x, resolve_axes("shard_map", rm, axes), {}, torch.compiler.is_compiling())
     for hop in call.hops():  # outermost first; backward gathers innermost first
-        x = C.run_step(call, x, S.Slice(call.group(hop), hop.size, dim, hop.index), hop)
+        x = run_step(call, x, S.Slice(call.group(hop), hop.size, dim, hop.index), hop)
     return x
 
 

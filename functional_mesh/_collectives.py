@@ -4,7 +4,7 @@ As JAX keeps each primitive's rules beside its implementation (``jax/_src/lax/pa
 each collective here is one :class:`Collective` record: its parameters and how they are checked,
 its type rule for a typed ``shard_map`` region, its untyped-region convention, and its
 communication (steps of ``_steps``, each with its transpose). The public functions are thin and
-uniform: each passes its arguments to :func:`_dispatch`, which sends the call to the open region
+uniform: each passes its arguments to ``_call.dispatch``, which sends the call to the open region
 (if any) or runs the record. The region (``_region``) handles every collective through its
 record and never names one. Adding a collective is one record, its public function, tests, docs.
 
@@ -26,339 +26,31 @@ group. A size-1 axis has no group and costs no communication: it is left out of 
 and a collective over size-1 axes only is one local step (a copy; zeros for a ``ppermute`` that
 sends nothing) with the same values and gradients.
 
-Cost. Resolving ``axis`` on a handle (names, sizes, groups, this rank's index) is validated once
-and kept on the handle (``RealizedMesh._memo``); a call then costs a dict lookup. Eagerly each
-step is the plain c10d call into a new buffer, and an autograd node is made only when a gradient
-will flow back through communication; under ``torch.compile`` every step is torch's functional
-collective by group name inside one ``autograd.Function`` of constants, which traces whole.
-
-Issue now, wait later. ``_register`` wraps each record's functions (:func:`_issuable`): a call
-with ``op_dtype`` casts ``x`` once before and the result once after (autograd casts the
-cotangents alike); a call with ``async_op=True`` returns a :class:`~functional_mesh._pending.Pending`,
-which runs the function up to its first step that communicates (started, not waited for) and
-the rest at ``wait()`` (``_pending`` says how). Every step that communicates passes through
-the call's slot in :func:`_apply` (``Extremum``'s and point to point's in theirs); a call without
-either pays one more frame.
-
-Debug mode (off by default): with ``FUNCTIONAL_MESH_CHECK_COLLECTIVES=1`` in the environment (read
-at every call), each communication first compares, among the members of the group it is about to
-use, what every member asks for (operation, axes, parameters, mesh, tensor shape and dtype),
-through the default store with realize's bounded wait (``$FUNCTIONAL_MESH_CHECK_TIMEOUT``, default
-60 s), and raises ``MeshError`` on every member that got there when they differ or one does not
-arrive. ``=mesh`` compares among every device of the mesh instead: it also catches a rank whose
-program uses another axis than the rest of the mesh, but needs every rank of the mesh to make the
-same sequence of collectives (SPMD). Off, the cost is one environment lookup per call.
+The call machinery (resolving ``axis``, checking a call, dispatch, issuing with ``async_op`` and
+``op_dtype``, the debug check, each step paired with its transpose) is ``_call``; its docstring
+says what a call costs.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
 from functools import partial, wraps
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.overrides import handle_torch_function, has_torch_function
 
 from . import _steps as S
-from . import _torch, _vma
-from ._context import ContextStack
+from . import _vma
+from ._call import COLLECTIVES, Call, Collective, apply_step, dispatch, register
 from ._errors import MeshError, requires
-from ._handle import (Hop, RealizedMesh, check_alive, comm_failure, hop_of, index_along, recall, remember,
-                      resolve_mesh)
-from ._mesh import axes_size, axis_position
-from ._pending import Pending, Slot
-from ._validate import as_bool, as_dim, as_int, as_name_tuple, check_unique
+from ._handle import Hop, RealizedMesh
+from ._pending import Pending
+from ._validate import as_bool, as_dim, as_int
 
-__all__ = ["CHECK_COLLECTIVES_ENV", "COLLECTIVES", "RAW", "Axes", "Call", "Collective", "all_gather", "all_to_all",
-           "axis_index", "axis_size", "bind", "current_region", "open_region", "pcast", "pmax", "pmean",
-           "pmin", "ppermute", "psum", "psum_scatter", "pvary", "ragged_all_to_all", "resolve_axes", "run_step"]
-
-CHECK_COLLECTIVES_ENV = S.CHECK_COLLECTIVES_ENV
-
-
-# -- the open shard_map region ----------------------------------------------------------------------
-#
-# shard_map opens a region around the mapped function; every collective called inside goes to it.
-# A typed region also sees every torch op (its TorchFunctionMode); an untyped one installs no mode
-# at all, so its ops cost what plain torch costs, and only the collectives ask for it here.
-
-# Per thread/task eagerly; a region opened while torch.compile traces is what the compiled code
-# sees (and the eager code between its graphs); one opened eagerly is no part of compiled code.
-_REGIONS: ContextStack[Any] = ContextStack("functional_mesh_region", shared=False)
-
-
-def current_region() -> Any:
-    """The open ``shard_map`` region of this thread/task (under torch.compile: of the trace), or ``None``."""
-    return _REGIONS.top()
-
-
-class open_region:  # noqa: N801 - used as a context manager, like a function
-    """Make ``region`` the open region while the mapped function runs."""
-
-    __slots__ = ("region", "traced")
-
-    def __init__(self, region: Any) -> None:
-        self.region, self.traced = region, False
-
-    def __enter__(self) -> Any:
-        self.traced = _REGIONS.push(self.region)
-        return self.region
-
-    def __exit__(self, *exc: object) -> None:
-        _REGIONS.pop(self.region, self.traced)
-
-
-# -- resolving axes: validated once per handle ------------------------------------------------------
-
-
-class Axes(NamedTuple):
-    """``axis`` resolved on one realized mesh: names, total size, the groups to talk over, this rank's index.
-
-    ``hops``: the product group when realized, else one group per axis of size > 1 (outermost
-    first), or one size-1 hop when every axis has size 1; ``None`` on a rank outside the mesh or
-    when an axis has no group (the collective that needs one raises the handle's error).
-    ``index``: this rank's index along the axes, first axis major (``None`` outside the mesh).
-    """
-
-    names: tuple[str, ...]
-    size: int
-    hops: tuple[Hop, ...] | None
-    index: int | None
-
-
-def resolve_axes(api: str, rm: RealizedMesh, axis: object) -> Axes:
-    """``axis`` on ``rm``: checked and planned on first use, then kept on the handle (one dict lookup)."""
-    found = recall(rm, axis)  # a list of names is valid, but never kept
-    if found is not None:
-        return found
-    check_alive(rm, api)
-    names = as_name_tuple(api, axis, "axis")
-    if not names:
-        raise MeshError(requires(api, "at least one axis", "axis", names, rm.mesh.axis_names), mesh=rm.mesh)
-    for name in names:
-        axis_position(rm.mesh, name, api)  # unknown axis: an error with "did you mean"
-    check_unique(api, names, "axis")
-    size = axes_size(rm, names)
-    hops = index = None
-    if rm.coordinate is not None:
-        index = index_along(rm, names)
-        try:
-            hops = _plan_hops(rm, names, api)
-        except MeshError:  # an axis without a group: raised again, by the collective that needs it
-            hops = None
-    axes = Axes(names, size, hops, index)
-    return remember(rm, axis, axes) if isinstance(axis, (str, tuple)) else axes
-
-
-def _plan_hops(rm: RealizedMesh, names: tuple[str, ...], api: str) -> tuple[Hop, ...]:
-    if len(names) > 1 and rm.has_group(names):
-        return (hop_of(rm, names, api),)
-    hops = [hop_of(rm, n, api) for n in names]
-    return tuple(h for h in hops if h.size > 1) or tuple(hops[:1])
-
-
-# -- one call, bound ----------------------------------------------------------------------------------
-
-
-class Call(NamedTuple):
-    """One call of a collective, checked: its mesh, operand, resolved axes and parameters."""
-
-    api: str
-    rm: RealizedMesh
-    x: Any  # the operand (None for axis_index/axis_size)
-    axes: Axes
-    params: dict[str, Any]
-    traced: bool  # under torch.compile: steps name their groups (functional collectives)
-    slot: Slot | None = None  # async_op=True: where the started communication waits (``_pending``)
-    op_dtype: torch.dtype | None = None  # communicate and reduce in this dtype, cast back once
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return self.axes.names
-
-    def hops(self) -> tuple[Hop, ...]:
-        """The groups to talk over; a rank outside the mesh, or an axis without a group, is an error here."""
-        hops = self.axes.hops
-        if hops is None:
-            self.member()
-            hops = _plan_hops(self.rm, self.axes.names, self.api)  # raises the handle's error
-        return hops
-
-    def member(self) -> int:
-        """This rank's index along the axes; a rank outside the mesh is an error."""
-        index = self.axes.index
-        if index is None:
-            raise member_error(self.api, self.rm)
-        return index
-
-    def group(self, hop: Hop) -> Any:
-        """What a step names its group by: the ProcessGroup eagerly, its name under compile (None: size 1)."""
-        return hop.name if self.traced else hop.pg
-
-    def fail(self, rule: str, name: str, value: object) -> MeshError:
-        return MeshError(requires(self.api, rule, name, value), mesh=self.rm.mesh)
-
-
-def member_error(api: str, rm: RealizedMesh) -> MeshError:
-    """The error of a call that needs this rank in the mesh, on a rank outside it."""
-    return MeshError(requires(api, "a rank that belongs to the mesh", "rank", rm.rank,
-                              f"devices {rm.mesh.device_list.describe()}"), mesh=rm.mesh)
-
-
-def bind(rec: Collective, x: Any, axis: object, rm: RealizedMesh, params: dict[str, Any],
-         traced: bool | None = None) -> Call:
-    """Check one call in the order users see its errors: tensor, parameters, axes (the mesh: before)."""
-    api = rec.name
-    if rec.operand and not isinstance(x, torch.Tensor):
-        message = requires(api, "a torch.Tensor", "x", x)
-        if api == "psum" and isinstance(x, (int, float)):  # JAX's psum(1, axis_name): the size of the axes
-            message += "; for the size of the axes (JAX's psum(1, axis_name)) call fm.axis_size(axis), a Python int"
-        raise TypeError(message)
-    async_op = params.pop("async_op", False)  # how the call runs, not what it computes: kept out of params
-    op_dtype = params.pop("op_dtype", None)
-    if rec.check_params is not None:
-        params = rec.check_params(api, params)
-    if async_op is not False:
-        async_op = as_bool(api, "async_op", async_op)
-    if op_dtype is not None:
-        op_dtype = _op_dtype(api, x, op_dtype)
-    if traced is None:
-        traced = torch.compiler.is_compiling()
-    return Call(api, rm, x, resolve_axes(api, rm, axis), params, traced, Slot() if async_op else None, op_dtype)
-
-
-def _op_dtype(api: str, x: torch.Tensor, op_dtype: object) -> torch.dtype:
-    """``op_dtype``, a dtype of ``x``'s kind (floating-point, complex or integer), else a ``MeshError``."""
-    kind = "floating-point" if x.is_floating_point() else "complex" if x.is_complex() else "integer"
-    if isinstance(op_dtype, torch.dtype) and op_dtype != torch.bool and (
-            op_dtype.is_floating_point == (kind == "floating-point") and op_dtype.is_complex == (kind == "complex")):
-        return op_dtype
-    valid = "None, " + {"floating-point": "torch.float16, torch.bfloat16, torch.float32, torch.float64",
-                        "complex": "torch.complex64, torch.complex128",
-                        "integer": "torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64"}[kind]
-    article = "an" if kind == "integer" else "a"
-    raise MeshError(requires(api, f"op_dtype=None or {article} {kind} torch.dtype for x of dtype {x.dtype} (the "
-                             "dtype to communicate and reduce in)", "op_dtype", op_dtype, valid))
-
-
-# -- the record ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Collective:
-    """Everything about one collective.
-
-    ``run`` carries out a bound call: its forward steps, each with its backward step (the
-    autograd rule), size-1 axes as local steps, and the debug check before each step that
-    communicates. ``rule`` types it in a typed region (``_vma.CollectiveRule``: from the operand's
-    :class:`~functional_mesh._vma.AxisTypes`, pending sums included, the axes and the parameters;
-    ``None``: the result is no tensor and has no type); ``untyped`` is JAX's convention
-    in an untyped region (``None``: ``run`` as it is). ``region_dtype``: a region returns the
-    result as a 0-d tensor of this dtype (``axis_index``: a value that varies over its axes).
-    """
-
-    name: str
-    operand: bool  # takes a tensor ``x`` first
-    run: Callable[[Call], Any]
-    rule: _vma.CollectiveRule | None
-    check_params: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None
-    untyped: Callable[[Call], Any] | None = None
-    region_dtype: torch.dtype | None = None
-    describe: Callable[[Call], str] | None = None  # the parameters, as the debug check and messages show them
-    # the fix an out_specs error suggests for a result of this call that varies over the call's axes, where the
-    # generic one (psum or all_gather over them) would mislead: (axes, params) -> the fix, or None (generic)
-    fix: Callable[[tuple[str, ...], dict[str, Any]], str | None] | None = None
-
-
-COLLECTIVES: dict[Any, Collective] = {}  # public function -> its record
-
-
-def _dispatch(rec: Collective, public: Callable[..., Any], x: Any, axis: object, mesh: Any,
-              params: dict[str, Any]) -> Any:
-    """One public call: a torch function mode (a typed region) or a tensor subclass sees it as one op;
-    else the open region (an untyped one) handles it; else the record runs."""
-    if rec.operand:
-        if has_torch_function((x,)) or _mode_active():
-            return handle_torch_function(public, (x,), x, axis, mesh=mesh, **params)
-    elif _mode_active():
-        return handle_torch_function(public, (), axis, mesh=mesh, **params)
-    traced = torch.compiler.is_compiling()
-    region = _REGIONS.top(traced)
-    if region is not None:
-        return region.collective(rec, x, axis, mesh, params)
-    return rec.run(bind(rec, x, axis, resolve_mesh(rec.name, mesh), params, traced))
-
-
-_mode_active = _torch.torch_function_mode_active
-
-
-def _register(public: Callable[..., Any], rec: Collective) -> Collective:
-    """Enter ``rec`` in the table, its functions taking the call's ``op_dtype`` and ``async_op`` (:func:`_issuable`)."""
-    rec = replace(rec, run=_issuable(rec.run), untyped=None if rec.untyped is None else _issuable(rec.untyped))
-    COLLECTIVES[public] = rec
-    return rec
-
-
-def _issuable(fn: Callable[[Call], Any]) -> Callable[[Call], Any]:
-    """``fn`` (a record's function) as every call runs it: in ``op_dtype`` (cast back once) and, with
-    ``async_op=True``, issued: a :class:`Pending` whose ``wait()`` gives what ``fn`` returns."""
-    def run(call: Call) -> Any:
-        if call.slot is None and call.op_dtype is None:  # the common call: one more frame, nothing else
-            return fn(call)
-        return _issue(fn, call)
-
-    return wraps(fn)(run)
-
-
-def _issue(fn: Callable[[Call], Any], call: Call) -> Any:
-    dtype = None
-    if call.op_dtype is not None and call.op_dtype != call.x.dtype:  # cast here, once, also for a pending call
-        dtype = call.x.dtype
-        call = call._replace(x=call.x.to(call.op_dtype))
-    if call.slot is None:
-        out = fn(call)
-        return out if dtype is None else out.to(dtype)
-    pending = Pending(fn, call, dtype)
-    region = _REGIONS.top(call.traced)
-    if region is not None:  # it checks, when its function returns, that every one was waited for
-        region.issued(pending)
-    return pending
-
-
-def _check(call: Call) -> S.Check | None:
-    """The debug check of one call (``None`` when off): one environment lookup per call."""
-    if S.check_off():
-        return None
-    rec = COLLECTIVES_BY_NAME.get(call.api)
-    describe = rec.describe if rec is not None and rec.describe is not None else None
-    return S.debug_check(call.api, call.rm, call.names, call.traced,
-                         (lambda: describe(call)) if describe is not None else str)
-
-
-def _apply(call: Call, check: S.Check | None, x: torch.Tensor, step: Any, hop: Hop) -> torch.Tensor:
-    """One step of ``call`` over ``hop``, with its transpose backward.
-
-    Eagerly, with no check and no gradient to send back through communication, the step runs as
-    it is: ``AllReduce``'s buffer is a clone, whose gradient is its transpose (the identity).
-    Otherwise (compiling, debug check, or a transpose that communicates) one autograd node pairs
-    the step with its transpose.
-    """
-    bound = partial(check, axes=hop.axes, group=hop.pg) if check is not None and hop.size > 1 else None
-    if call.traced:
-        if call.slot is not None and hop.size > 1 and not step.local:
-            step = call.slot.take(x, step, bound)
-        return S.Comm.apply(x, step, bound)
-    try:  # eagerly, a failed communication names its axis, group and timeout (torch's error chained)
-        if call.slot is not None and hop.size > 1 and not step.local:  # async_op=True: started, or arrived
-            step = call.slot.take(x, step, bound)
-        if bound is not None or (x.requires_grad and torch.is_grad_enabled() and not step.grad_by_torch):
-            return S.Comm.apply(x, step, bound)
-        return step.run(x)
-    except RuntimeError as exc:
-        raise comm_failure(call.api, hop, x.device.type, exc) from exc
+__all__ = ["COLLECTIVES", "RAW", "all_gather", "all_to_all", "axis_index", "axis_size", "pcast", "pmax", "pmean",
+           "pmin", "ppermute", "psum", "psum_scatter", "pvary", "ragged_all_to_all"]
 
 
 # -- the records: each collective's parameters, communication and rules ------------------------------
@@ -373,9 +65,9 @@ def _tiled(api: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _psum(call: Call) -> torch.Tensor:
-    x, check = call.x, _check(call)
+    x, check = call.x, call.debug_check()
     for hop in call.hops():
-        x = _apply(call, check, x, S.AllReduce(call.group(hop), "sum"), hop)
+        x = apply_step(call, check, x, S.AllReduce(call.group(hop), "sum"), hop)
     return x
 
 
@@ -402,7 +94,7 @@ def _extremum(op: str, call: Call) -> torch.Tensor:
     x = call.x
     if x.is_complex():
         raise TypeError(requires(call.api, "a real tensor (complex numbers have no order)", "x.dtype", x.dtype))
-    hops, check = call.hops(), _check(call)
+    hops, check = call.hops(), call.debug_check()
     steps = tuple(S.AllReduce(call.group(hop), op) for hop in hops)
     grad = x.requires_grad and torch.is_grad_enabled()
     checks = None
@@ -427,9 +119,9 @@ def _extremum_untyped(op: str, call: Call) -> torch.Tensor:
 
 
 def _pvary(call: Call) -> torch.Tensor:
-    x, check = call.x, _check(call)
+    x, check = call.x, call.debug_check()
     for hop in call.hops():
-        x = _apply(call, check, x, S.Identity(call.group(hop)), hop)
+        x = apply_step(call, check, x, S.Identity(call.group(hop)), hop)
     return x
 
 
@@ -485,10 +177,10 @@ def _all_gather(call: Call) -> torch.Tensor:
     if not params["tiled"]:
         x = x.unsqueeze(as_dim(call.api, x.ndim + 1, params["dim"]))
     d = as_dim(call.api, x.ndim, params["dim"])
-    hops, check = call.hops(), _check(call)
+    hops, check = call.hops(), call.debug_check()
     invariant = params["to"] == "invariant"
     for hop in reversed(hops):  # innermost axis first: the outermost ends up major
-        x = _apply(call, check, x, S.Gather(call.group(hop), hop.size, d, hop.index if invariant else None), hop)
+        x = apply_step(call, check, x, S.Gather(call.group(hop), hop.size, d, hop.index if invariant else None), hop)
     return x
 
 
@@ -519,9 +211,9 @@ def _psum_scatter(call: Call) -> torch.Tensor:
     if (x.shape[d] != n) if not params["tiled"] else (x.shape[d] % n):
         rule = f"dim {d} of size {n} (tiled=False)" if not params["tiled"] else f"dim {d} divisible by {n}"
         raise call.fail(rule, f"x.shape[{d}]", x.shape[d])
-    hops, check = call.hops(), _check(call)
+    hops, check = call.hops(), call.debug_check()
     for hop in hops:  # outermost axis first
-        x = _apply(call, check, x, S.Scatter(call.group(hop), hop.size, d), hop)
+        x = apply_step(call, check, x, S.Scatter(call.group(hop), hop.size, d), hop)
     return x if params["tiled"] else x.squeeze(d)
 
 
@@ -555,10 +247,10 @@ def _all_to_all(call: Call) -> torch.Tensor:
 
 def _exchange(call: Call, x: torch.Tensor, s: int, c: int) -> torch.Tensor:
     """The tiled exchange of ``x`` (valid dims, ``split_dim`` divisible by the axes' size)."""
-    hops, check = call.hops(), _check(call)
+    hops, check = call.hops(), call.debug_check()
     if len(hops) == 1:
         (hop,) = hops
-        return _apply(call, check, x, S.Exchange(call.group(hop), hop.size, s, c), hop)
+        return apply_step(call, check, x, S.Exchange(call.group(hop), hop.size, s, c), hop)
     # A tuple without its product group: one untiled exchange per axis, first axis major (a size-1
     # axis changes no destination). split_dim becomes one dim per axis (destination coordinates,
     # outermost first); the exchange over axis i turns dim i from "to whom" into "from whom", so
@@ -568,7 +260,7 @@ def _exchange(call: Call, x: torch.Tensor, s: int, c: int) -> torch.Tensor:
     front = x.movedim(s, 0)
     y = front.reshape(*sizes, front.shape[0] // math.prod(sizes), *front.shape[1:])
     for i, hop in enumerate(hops):  # untiled over one axis: stack at i, the split axis i squeezed away
-        y = _apply(call, check, y.unsqueeze(i), S.Exchange(call.group(hop), hop.size, i + 1, i), hop)
+        y = apply_step(call, check, y.unsqueeze(i), S.Exchange(call.group(hop), hop.size, i + 1, i), hop)
         y = y.squeeze(i + 1)
     blocks = y.flatten(0, len(sizes) - 1).movedim(1, s + 1)  # (n, *x's dims with split_dim cut to one block)
     return blocks.movedim(0, c).flatten(c, c + 1)
@@ -628,8 +320,8 @@ def _ragged(call: Call) -> torch.Tensor:
             call.slot.once(lambda: _exchange_counts(call, sent, hop, group))
     else:
         got = _sizes(call, "recv_sizes", recv, n)
-    check = _check(call)
-    return _apply(call, check, x, S.Ragged(group, sent, got), hop)
+    check = call.debug_check()
+    return apply_step(call, check, x, S.Ragged(group, sent, got), hop)
 
 
 def _exchange_counts(call: Call, sent: tuple[int, ...], hop: Hop, group: Any) -> tuple[int, ...]:
@@ -672,10 +364,10 @@ def _permutation(call: Call, perm: object) -> list[tuple[int, int]]:
 def _ppermute(call: Call) -> torch.Tensor:
     me = call.member()
     pairs = tuple(_permutation(call, call.params["perm"]))
-    hops, check = call.hops(), _check(call)
+    hops, check = call.hops(), call.debug_check()
     if len(hops) == 1:  # one axis, or the product group: one all-to-all with empty blocks (traces)
         (hop,) = hops
-        return _apply(call, check, call.x, S.Permute(call.group(hop), hop.size, me, pairs), hop)
+        return apply_step(call, check, call.x, S.Permute(call.group(hop), hop.size, me, pairs), hop)
     if call.traced:
         rule = "under torch.compile, one axis or a tuple whose product group was realized"
         raise MeshError(requires(call.api, rule, "axis", call.names) + f"; pass products=[{call.names!r}] to realize",
@@ -768,7 +460,7 @@ def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
         AxisTypes(varying=frozenset())
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PSUM, psum, x, axis, mesh, {"async_op": async_op, "op_dtype": op_dtype})
+    return dispatch(PSUM, psum, x, axis, mesh, {"async_op": async_op, "op_dtype": op_dtype})
 
 
 def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None, async_op: bool = False,
@@ -818,7 +510,7 @@ def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
         torch.bfloat16
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PMEAN, pmean, x, axis, mesh, {"async_op": async_op, "op_dtype": op_dtype})
+    return dispatch(PMEAN, pmean, x, axis, mesh, {"async_op": async_op, "op_dtype": op_dtype})
 
 
 def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None,
@@ -870,7 +562,7 @@ def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
         AxisTypes(varying=frozenset())
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PMAX, pmax, x, axis, mesh, {"async_op": async_op})
+    return dispatch(PMAX, pmax, x, axis, mesh, {"async_op": async_op})
 
 
 def pmin(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None,
@@ -912,7 +604,7 @@ def pmin(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
         torch.Size([2, 3])
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PMIN, pmin, x, axis, mesh, {"async_op": async_op})
+    return dispatch(PMIN, pmin, x, axis, mesh, {"async_op": async_op})
 
 
 def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None,
@@ -960,7 +652,7 @@ def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
         AxisTypes(varying=frozenset({'dp', 'tp'}))
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PVARY, pvary, x, axis, mesh, {"async_op": async_op})
+    return dispatch(PVARY, pvary, x, axis, mesh, {"async_op": async_op})
 
 
 def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
@@ -1024,7 +716,7 @@ def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
         torch.Size([2, 12])
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PCAST, pcast, x, axis, mesh, {"to": to, "async_op": async_op})
+    return dispatch(PCAST, pcast, x, axis, mesh, {"to": to, "async_op": async_op})
 
 
 def _jax_axis_keyword(public: Callable[..., Any]) -> Callable[..., Any]:
@@ -1104,7 +796,7 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
         torch.Size([8, 3])
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(ALL_GATHER, all_gather, x, axis, mesh,
+    return dispatch(ALL_GATHER, all_gather, x, axis, mesh,
                      {"dim": dim, "tiled": tiled, "to": to, "async_op": async_op, "op_dtype": op_dtype})
 
 
@@ -1164,7 +856,7 @@ def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, ti
         torch.bfloat16
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PSUM_SCATTER, psum_scatter, x, axis, mesh,
+    return dispatch(PSUM_SCATTER, psum_scatter, x, axis, mesh,
                      {"dim": dim, "tiled": tiled, "async_op": async_op, "op_dtype": op_dtype})
 
 
@@ -1216,7 +908,7 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
         torch.Size([6, 4])
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(ALL_TO_ALL, all_to_all, x, axis, mesh,
+    return dispatch(ALL_TO_ALL, all_to_all, x, axis, mesh,
                      {"split_dim": split_dim, "concat_dim": concat_dim, "tiled": tiled, "async_op": async_op})
 
 
@@ -1266,7 +958,7 @@ def ragged_all_to_all(x: torch.Tensor, axis: str | Sequence[str], send_sizes: An
         torch.Size([4, 3])
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(RAGGED_ALL_TO_ALL, ragged_all_to_all, x, axis, mesh,
+    return dispatch(RAGGED_ALL_TO_ALL, ragged_all_to_all, x, axis, mesh,
                      {"send_sizes": send_sizes, "recv_sizes": recv_sizes, "async_op": async_op})
 
 
@@ -1315,7 +1007,7 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
         torch.Size([2, 3])
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(PPERMUTE, ppermute, x, axis, mesh, {"perm": perm, "async_op": async_op})
+    return dispatch(PPERMUTE, ppermute, x, axis, mesh, {"perm": perm, "async_op": async_op})
 
 
 def axis_index(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> int:
@@ -1350,7 +1042,7 @@ def axis_index(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -
         (1, 5, 3)
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(AXIS_INDEX, axis_index, None, axis, mesh, {})
+    return dispatch(AXIS_INDEX, axis_index, None, axis, mesh, {})
 
 
 def axis_size(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> int:
@@ -1387,39 +1079,32 @@ def axis_size(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) ->
         2
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
-    return _dispatch(AXIS_SIZE, axis_size, None, axis, mesh, {})
+    return dispatch(AXIS_SIZE, axis_size, None, axis, mesh, {})
 
 
-PSUM = _register(psum, Collective("psum", True, _psum, _vma.psum_rule, untyped=_psum_untyped))
-PMEAN = _register(pmean, Collective("pmean", True, _pmean, _vma.psum_rule, untyped=_pmean_untyped))
-PMAX = _register(pmax, Collective("pmax", True, partial(_extremum, "max"), _vma.pmax_rule,
+PSUM = register(psum, Collective("psum", True, _psum, _vma.psum_rule, untyped=_psum_untyped))
+PMEAN = register(pmean, Collective("pmean", True, _pmean, _vma.psum_rule, untyped=_pmean_untyped))
+PMAX = register(pmax, Collective("pmax", True, partial(_extremum, "max"), _vma.pmax_rule,
                                   untyped=partial(_extremum_untyped, "max")))
-PMIN = _register(pmin, Collective("pmin", True, partial(_extremum, "min"), _vma.pmax_rule,
+PMIN = register(pmin, Collective("pmin", True, partial(_extremum, "min"), _vma.pmax_rule,
                                   untyped=partial(_extremum_untyped, "min")))
-PVARY = _register(pvary, Collective("pvary", True, _pvary, _vma.pvary_rule, untyped=_identity))
-PCAST = _register(pcast, Collective("pcast", True, _pcast, _vma.pcast_rule, _pcast_params, untyped=_identity))
-ALL_GATHER = _register(all_gather, Collective("all_gather", True, _all_gather, _vma.gather_rule, _gather_params,
+PVARY = register(pvary, Collective("pvary", True, _pvary, _vma.pvary_rule, untyped=_identity))
+PCAST = register(pcast, Collective("pcast", True, _pcast, _vma.pcast_rule, _pcast_params, untyped=_identity))
+ALL_GATHER = register(all_gather, Collective("all_gather", True, _all_gather, _vma.gather_rule, _gather_params,
                                               describe=_describe_gather, fix=_gather_fix))
-PSUM_SCATTER = _register(psum_scatter, Collective("psum_scatter", True, _psum_scatter, _vma.psum_scatter_rule,
+PSUM_SCATTER = register(psum_scatter, Collective("psum_scatter", True, _psum_scatter, _vma.psum_scatter_rule,
                                                   _tiled, describe=_describe_scatter))
-ALL_TO_ALL = _register(all_to_all, Collective("all_to_all", True, _all_to_all, _vma.spread_rule, _tiled,
+ALL_TO_ALL = register(all_to_all, Collective("all_to_all", True, _all_to_all, _vma.spread_rule, _tiled,
                                               describe=_describe_exchange))
-RAGGED_ALL_TO_ALL = _register(ragged_all_to_all, Collective("ragged_all_to_all", True, _ragged, _vma.spread_rule,
+RAGGED_ALL_TO_ALL = register(ragged_all_to_all, Collective("ragged_all_to_all", True, _ragged, _vma.spread_rule,
                                                             describe=_describe_ragged))
-PPERMUTE = _register(ppermute, Collective("ppermute", True, _ppermute, _vma.spread_rule, describe=_describe_perm))
-AXIS_INDEX = _register(axis_index, Collective("axis_index", False, _axis_index, _vma.axis_index_rule,
+PPERMUTE = register(ppermute, Collective("ppermute", True, _ppermute, _vma.spread_rule, describe=_describe_perm))
+AXIS_INDEX = register(axis_index, Collective("axis_index", False, _axis_index, _vma.axis_index_rule,
                                               region_dtype=torch.int32))
-AXIS_SIZE = _register(axis_size, Collective("axis_size", False, _axis_size, None))
-COLLECTIVES_BY_NAME = {rec.name: rec for rec in COLLECTIVES.values()}
+AXIS_SIZE = register(axis_size, Collective("axis_size", False, _axis_size, None))
 
 
-# -- a step for the region boundary, and raw torch.distributed calls --------------------------------
-
-
-def run_step(call: Call, x: torch.Tensor, step: Any, hop: Hop) -> torch.Tensor:
-    """One step of ``call`` over ``hop``, with its transpose, as the collectives run theirs (no debug
-    check): for the region boundary's own steps (``_boundary``: a full argument's local block)."""
-    return _apply(call, None, x, step, hop)
+# -- raw torch.distributed calls ---------------------------------------------------------------------
 
 
 # torch.distributed's own collectives write into tensors a typed region cannot see the types of:

@@ -1,7 +1,7 @@
 """A stack of values that eager code reads per thread or task, and compiled code can read too.
 
 Two things are such a stack: the ``with rm:`` meshes (``_handle``) and the open ``shard_map``
-region (``_collectives``). Eager code reads a context variable, so each thread and asyncio task
+region (``_handle`` too). Eager code reads a context variable, so each thread and asyncio task
 has its own stack. torch.compile cannot trace ``ContextVar.get``, but it reads (and guards on) a
 module-level list, so each stack keeps one for compiled code:
 

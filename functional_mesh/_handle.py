@@ -17,7 +17,7 @@ while its groups live.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -26,10 +26,13 @@ from ._cache import CACHE, abort_all, abort_holding, retire_failed
 from ._context import ContextStack
 from ._errors import MeshError, requires
 from ._mesh import Mesh, axes_size, axis_position, select
+from ._pending import Pending
 from ._validate import Frozen, as_name_tuple
+from ._vma import AxisTypes
 
-__all__ = ["CollectiveError", "Hop", "RealizedMesh", "abort", "check_alive", "comm_failure", "current_mesh", "hop_of", "index_along",
-           "recall", "remember", "resolve_mesh", "selected_from"]
+__all__ = ["CollectiveError", "Hop", "OpenRegion", "RealizedMesh", "abort", "check_alive", "comm_failure", "current_mesh",
+           "current_region", "hop_of", "index_along", "open_region", "recall", "remember", "resolve_mesh",
+           "selected_from"]
 
 # The `with rm:` meshes: per thread/task eagerly; compiled code sees the innermost of the process.
 _CURRENT: ContextStack[RealizedMesh] = ContextStack("functional_mesh_current", shared=True)
@@ -60,6 +63,60 @@ def current_mesh() -> RealizedMesh | None:
         >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return _CURRENT.top()
+
+
+# -- the open shard_map region, beside the ``with rm:`` meshes --------------------------------------
+#
+# shard_map opens a region around the mapped function; every collective called inside goes to it.
+# A typed region also sees every torch op (its TorchFunctionMode); an untyped one installs no mode
+# at all, so its ops cost what plain torch costs, and only the collectives ask for it here.
+
+
+class OpenRegion(Protocol):
+    """What the package asks of an open ``shard_map`` region (``_region.Region`` is the one).
+
+    The collectives' dispatch hands it each call (:meth:`collective`: ``rec`` is the call's record,
+    a ``_call.Collective``, typed loosely here because that module sits above this one) and each
+    call issued with ``async_op=True`` (:meth:`issued`); ``typeof`` reads :attr:`check_vma` and
+    :meth:`types_of`.
+    """
+
+    check_vma: bool
+
+    def collective(self, rec: Any, x: object, axis: object, mesh: object, params: dict[str, Any]) -> Any: ...
+
+    def issued(self, pending: Pending) -> None: ...
+
+    def types_of(self, t: torch.Tensor) -> AxisTypes: ...
+
+
+# Per thread/task eagerly; a region opened while torch.compile traces is what the compiled code
+# sees (and the eager code between its graphs); one opened eagerly is no part of compiled code.
+_REGIONS: ContextStack[OpenRegion] = ContextStack("functional_mesh_region", shared=False)
+
+
+def current_region(compiling: bool | None = None) -> OpenRegion | None:
+    """The open ``shard_map`` region of this thread/task (under torch.compile: of the trace), or ``None``.
+
+    ``compiling``: ``torch.compiler.is_compiling()``, when the caller knows it already.
+    """
+    return _REGIONS.top(compiling)
+
+
+class open_region:  # noqa: N801 - used as a context manager, like a function
+    """Make ``region`` the open region while the mapped function runs."""
+
+    __slots__ = ("region", "traced")
+
+    def __init__(self, region: OpenRegion) -> None:
+        self.region, self.traced = region, False
+
+    def __enter__(self) -> OpenRegion:
+        self.traced = _REGIONS.push(self.region)
+        return self.region
+
+    def __exit__(self, *exc: object) -> None:
+        _REGIONS.pop(self.region, self.traced)
 
 
 def resolve_mesh(api: str, mesh: object) -> RealizedMesh:

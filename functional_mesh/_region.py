@@ -24,6 +24,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import _collectives as C
 from . import _torch, _vma
+from ._call import Collective, bind
 from ._errors import MeshError, UnknownAxisError, requires
 from ._handle import RealizedMesh, resolve_mesh, selected_from
 from ._pending import Pending
@@ -221,7 +222,7 @@ class Region:
 
     def pvary(self, x: torch.Tensor, axes: tuple[str, ...]) -> torch.Tensor:
         """The cast the region makes itself (no type recorded): identity forward, ``psum`` over ``axes`` backward."""
-        return C.PVARY.run(C.bind(C.PVARY, x, axes, self.rm, {}))
+        return C.PVARY.run(bind(C.PVARY, x, axes, self.rm, {}))
 
     def cast(self, x: torch.Tensor, axes: frozenset[str]) -> torch.Tensor:
         """The implicit ``pvary``: identity forward, ``psum`` over ``axes`` backward.
@@ -267,14 +268,14 @@ class Region:
 
     # -- collectives: every one through its record ----------------------------------------------------
 
-    def collective(self, rec: C.Collective, x: Any, axis: object, mesh: Any, params: dict[str, Any]) -> Any:
+    def collective(self, rec: Collective, x: Any, axis: object, mesh: Any, params: dict[str, Any]) -> Any:
         """One collective called in the region: the record's rule types it, after the cast the rule asks for."""
         api, rm = rec.name, self.rm
         if mesh is not None and mesh is not rm and resolve_mesh(api, mesh).mesh != rm.mesh:
             raise MeshError(requires(api, "inside shard_map, the region's mesh (or mesh=None)", "mesh", mesh,
                                      rm), mesh=rm.mesh)
         try:
-            call = C.bind(rec, x, axis, rm, params)
+            call = bind(rec, x, axis, rm, params)
         except UnknownAxisError as error:  # name the region's mesh: the axis may exist outside it
             raise UnknownAxisError(f"{error.args[0]} (inside shard_map over {rm.mesh!r}{selected(rm)})",
                                    mesh=rm.mesh) from None

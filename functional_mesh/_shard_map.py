@@ -31,11 +31,11 @@ from typing import Any
 
 import torch
 
-from . import _collectives as C
 from . import _torch, _vma
 from ._boundary import check_specs, enter_all, exit_all
+from ._call import member_error
 from ._errors import MeshError, requires
-from ._handle import RealizedMesh, resolve_mesh
+from ._handle import RealizedMesh, current_region, open_region, resolve_mesh
 from ._interpret import TypedMode
 from ._pending import Pending, raise_while_tracing
 from ._region import Region
@@ -99,7 +99,7 @@ def typeof(t: torch.Tensor) -> _vma.AxisTypes:
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(requires("typeof", "a torch.Tensor", "t", t))
-    region = C.current_region()
+    region = current_region()
     if region is None or not region.check_vma:
         raise MeshError("`typeof` requires an enclosing shard_map region with check_vma=True, but got "
                         + ("a region with check_vma=False" if region is not None else "none"))
@@ -189,14 +189,14 @@ def _call(f: Callable[..., Any], mesh: RealizedMesh | None, check_vma: bool, in_
           args: tuple) -> Any:
     rm = resolve_mesh("shard_map", mesh)
     if rm.coordinate is None:
-        raise C.member_error("shard_map", rm)
-    if C.current_region() is not None:
+        raise member_error("shard_map", rm)
+    if current_region() is not None:
         raise MeshError("`shard_map` requires no enclosing shard_map region (nested regions are not "
                         "supported), but got one; call the inner function directly")
     region = Region(rm, check_vma)
     try:
         local = enter_all(region, f, args, in_specs)
-        with C.open_region(region):
+        with open_region(region):
             if check_vma:  # typed: a mode sees every op
                 with TypedMode(region):
                     out = f(*local)
