@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -322,7 +322,8 @@ def _local_block(rm: RealizedMesh, x: torch.Tensor, axes: tuple[str, ...], dim: 
     ``dim`` is a valid, non-negative dim: the boundary's plan checked it."""
     call = Call("shard_map", rm, x, resolve_axes("shard_map", rm, axes), {}, torch.compiler.is_compiling())
     for hop in call.hops():  # outermost first; backward gathers innermost first
-        x = run_step(call, x, S.Slice(call.group(hop), hop.size, dim, hop.index), hop)
+        index = cast(int, hop.index)  # this rank is a member: call.hops() raised otherwise
+        x = run_step(call, x, S.Slice(call.group(hop), hop.size, dim, index), hop)
     return x
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial, wraps
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch.overrides import handle_torch_function, has_torch_function
@@ -71,7 +71,7 @@ class Axes(NamedTuple):
     names: tuple[str, ...]
     size: int
     hops: tuple[Hop, ...] | None
-    index: int | None
+    index: int | None  # type: ignore[assignment]  # a field named as tuple.index, which it shadows
 
 
 def resolve_axes(api: str, rm: RealizedMesh, axis: object) -> Axes:
@@ -283,7 +283,7 @@ def _issue(fn: Callable[[Call], Any], call: Call) -> Any:
     return pending
 
 
-def apply_step(call: Call, check: S.Check | None, x: torch.Tensor, step: Any, hop: Hop) -> torch.Tensor:
+def apply_step(call: Call, check: S.Check | None, x: torch.Tensor, step: S.Step, hop: Hop) -> torch.Tensor:
     """One step of ``call`` over ``hop``, with its transpose backward.
 
     Eagerly, with no check and no gradient to send back through communication, the step runs as
@@ -293,12 +293,12 @@ def apply_step(call: Call, check: S.Check | None, x: torch.Tensor, step: Any, ho
     """
     bound = partial(check, axes=hop.axes, group=hop.pg) if check is not None and hop.size > 1 else None
     if call.traced:
-        if call.slot is not None and hop.size > 1 and not step.local:
-            step = call.slot.take(x, step, bound)
+        if call.slot is not None and hop.size > 1 and not step.local:  # a step that communicates can start
+            step = call.slot.take(x, cast(S.AsyncStep, step), bound)
         return S.Comm.apply(x, step, bound)
     try:  # eagerly, a failed communication names its axis, group and timeout (torch's error chained)
         if call.slot is not None and hop.size > 1 and not step.local:  # async_op=True: started, or arrived
-            step = call.slot.take(x, step, bound)
+            step = call.slot.take(x, cast(S.AsyncStep, step), bound)
         if bound is not None or (x.requires_grad and torch.is_grad_enabled() and not step.grad_by_torch):
             return S.Comm.apply(x, step, bound)
         return step.run(x)
@@ -306,7 +306,7 @@ def apply_step(call: Call, check: S.Check | None, x: torch.Tensor, step: Any, ho
         raise comm_failure(call.api, hop, x.device.type, exc) from exc
 
 
-def run_step(call: Call, x: torch.Tensor, step: Any, hop: Hop) -> torch.Tensor:
+def run_step(call: Call, x: torch.Tensor, step: S.Step, hop: Hop) -> torch.Tensor:
     """One step of ``call`` over ``hop``, with its transpose, as the collectives run theirs (no debug
     check): for the region boundary's own steps (``_boundary``: a full argument's local block)."""
     return apply_step(call, None, x, step, hop)

@@ -259,7 +259,7 @@ def _cast_operands(region: Region, args: tuple, kwargs: dict | None, casts: tupl
                 a = region.cast(a, casts[i])
             i += 1
         cast_args.append(a)
-    if i < len(casts):  # tensor operands by keyword
+    if i < len(casts) and kwargs:  # tensor operands by keyword
         cast_kwargs = {}
         for k, v in kwargs.items():
             if isinstance(v, torch.Tensor):
@@ -280,7 +280,7 @@ def _value_operands(linear: str, args: tuple, kwargs: dict) -> list[Any]:
     if linear == "cat":
         return list(args[0]) if args and isinstance(args[0], (list, tuple)) else list(kwargs.get("tensors", ()))
     if linear == "unary":
-        return args[:1]
+        return list(args[:1])
     return [a for a in args if isinstance(a, torch.Tensor)]  # factors: every tensor
 
 

@@ -58,7 +58,7 @@ class Slot:
         self.work: Any = None  # its c10d Work (None under torch.compile: wait_tensor waits)
         self.kept: Any = None
 
-    def take(self, x: torch.Tensor, step: Any, check: Any) -> Any:
+    def take(self, x: torch.Tensor, step: S.AsyncStep, check: Callable[..., None] | None) -> S.Step:
         """The step to run in place of ``step`` (one that communicates, on ``x``).
 
         Issuing, the first one: the debug ``check`` (when on), then ``step`` started on ``x`` (whose
@@ -161,7 +161,8 @@ class Pending:
         dtype to cast the result back to (``op_dtype``), or ``None``."""
         self.api, self.axis = call.api, call.names
         self._fn, self._call, self._slot, self._dtype = fn, call, call.slot, dtype
-        self._waited, self._then = False, None
+        self._waited = False
+        self._then: tuple[Callable[..., None], tuple[Any, ...]] | None = None
         try:
             out = fn(call)
         except _Started:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -72,14 +72,15 @@ def extremum(op: str, call: Call) -> torch.Tensor:
     if x.is_complex():
         raise TypeError(requires(call.api, "a real tensor (complex numbers have no order)", "x.dtype", x.dtype))
     hops, check = call.hops(), call.debug_check()
-    steps = tuple(S.AllReduce(call.group(hop), op) for hop in hops)
+    steps: tuple[S.Step, ...] = tuple(S.AllReduce(call.group(hop), op) for hop in hops)
     grad = x.requires_grad and torch.is_grad_enabled()
     checks = None
     if call.traced or check is not None or grad:
         checks = tuple(partial(check, axes=hop.axes, group=hop.pg) if check is not None and hop.size > 1 else None
                        for hop in hops)
     if call.slot is not None and hops[0].size > 1:  # async_op=True: the first reduction started, or arrived
-        steps = (call.slot.take(x, steps[0], checks[0] if checks is not None else None), *steps[1:])
+        first = cast(S.AsyncStep, steps[0])  # every AllReduce can start
+        steps = (call.slot.take(x, first, checks[0] if checks is not None else None), *steps[1:])
     if checks is not None:
         return S.Extremum.apply(x, steps, checks, grad)
     for step in steps:
@@ -269,7 +270,7 @@ def _sizes(call: Call, what: str, sizes: object, n: int) -> tuple[int, ...]:
         sizes = sizes.tolist()
     elif isinstance(sizes, (str, bytes)) or not isinstance(sizes, Iterable):
         raise TypeError(requires(api, f"a 1-D integer tensor or a sequence of ints for {what}", what, sizes))
-    values = tuple(as_int(api, what, v) for v in sizes)
+    values = tuple(as_int(api, what, v) for v in cast(Iterable[object], sizes))  # a list or an iterable
     if len(values) != n:
         raise call.fail(f"one size per member of {call.names!r} ({n})", what, values)
     if any(v < 0 for v in values):
@@ -325,7 +326,7 @@ def _permutation(call: Call, perm: object) -> list[tuple[int, int]]:
     if isinstance(perm, (str, bytes)) or not isinstance(perm, Iterable):
         raise TypeError(requires(call.api, "an iterable of (source, destination) pairs", "perm", perm))
     pairs = []
-    for pair in perm:
+    for pair in cast(Iterable[object], perm):  # checked iterable above
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise TypeError(requires(call.api, "(source, destination) pairs", "pair", pair))
         s, d = (as_int(call.api, "axis index", v) for v in pair)
@@ -351,9 +352,9 @@ def ppermute(call: Call) -> torch.Tensor:
                         mesh=call.rm.mesh)
     members = call.rm.mesh[call.names].group_of(call.rm.rank).reshape(-1).tolist()
     bound = partial(check, axes=call.names, members=members) if check is not None else None
-    step = S.PointToPoint(tuple(members), me, pairs)
+    step = cast(S.Step, S.PointToPoint(tuple(members), me, pairs))  # (mypy misreads the steps: pyproject.toml)
     if call.slot is not None:  # async_op=True: the sends and receives started, or arrived
-        step = call.slot.take(call.x, step, bound)
+        step = call.slot.take(call.x, cast(S.AsyncStep, step), bound)
     return S.Comm.apply(call.x, step, bound)
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
@@ -49,8 +49,9 @@ from ._agree import agree, next_call
 from ._errors import MeshError, requires
 from ._realize_plan import check_timeout_seconds
 
-__all__ = ["CHECK_COLLECTIVES_ENV", "AllReduce", "Arrived", "Check", "Comm", "Exchange", "Extremum", "Gather",
-           "Identity", "Permute", "PointToPoint", "Ragged", "Scatter", "Slice", "check_off", "debug_check"]
+__all__ = ["CHECK_COLLECTIVES_ENV", "AllReduce", "Arrived", "AsyncStep", "Check", "Comm", "Exchange", "Extremum",
+           "Gather", "Identity", "Permute", "PointToPoint", "Ragged", "Scatter", "Slice", "Step", "check_off",
+           "debug_check"]
 
 CHECK_COLLECTIVES_ENV = "FUNCTIONAL_MESH_CHECK_COLLECTIVES"
 _CHECK_MODES = {"1": "group", "group": "group", "mesh": "mesh"}  # setting -> participants
@@ -145,6 +146,38 @@ def debug_check(api: str, rm: Any, names: tuple[str, ...], traced: bool, params:
 # A step over a size-1 hop (group None) has one member: it gives x itself, in a new buffer as the
 # collective would (a permute with no pair: zeros). ``local``: a step that never communicates
 # (the debug check skips it).
+
+
+class Step(Protocol):
+    """What every step below is: one communication (or a local stand-in) paired with its transpose.
+
+    ``group``: what it talks over (the ProcessGroup eagerly, its name under torch.compile; ``None``:
+    one member); ``local``: it never communicates (the debug check skips it, ``async_op=True`` starts
+    nothing for it); ``grad_by_torch``: eagerly, ``run``'s own autograd already is its transpose, so
+    no node of ours is needed. Read-only, so a field, a class attribute or a property will do.
+    """
+
+    @property
+    def group(self) -> Any: ...
+
+    @property
+    def local(self) -> bool: ...
+
+    @property
+    def grad_by_torch(self) -> bool: ...
+
+    def run(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def transpose(self) -> Step: ...
+
+
+class AsyncStep(Step, Protocol):
+    """A step that can start now and finish later (``async_op=True``, ``_pending``): ``run(x)`` is
+    ``finish(x, arrived)`` once the buffer ``start(x)`` returned has arrived (its work waited for)."""
+
+    def start(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]: ...
+
+    def finish(self, x: torch.Tensor, arrived: torch.Tensor) -> torch.Tensor: ...
 
 
 def _zeros(like: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
@@ -463,7 +496,7 @@ class Arrived(NamedTuple):
     ``step``'s, so the gradient is the blocking call's.
     """
 
-    step: Any
+    step: AsyncStep
     arrived: torch.Tensor
     local = True
     grad_by_torch = False
@@ -475,7 +508,7 @@ class Arrived(NamedTuple):
     def run(self, x: torch.Tensor) -> torch.Tensor:
         return self.step.finish(x, self.arrived)
 
-    def transpose(self) -> Any:
+    def transpose(self) -> Step:
         return self.step.transpose()
 
 
@@ -487,14 +520,14 @@ class Comm(torch.autograd.Function):
     runs before each side that communicates."""
 
     @staticmethod
-    def forward(ctx, x, step, check):
+    def forward(ctx: Any, x: torch.Tensor, step: Step, check: Callable[..., None] | None) -> torch.Tensor:
         ctx.step, ctx.check = step, check
         if check is not None and not step.local:
             check(x, backward=False)
         return step.run(x)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         back = ctx.step.transpose()
         if ctx.check is not None and not back.local:
             ctx.check(grad, backward=True)

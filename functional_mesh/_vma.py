@@ -426,7 +426,7 @@ def _shapes(shapes: Sequence[object]) -> str:
     return f" (operand shapes {list(shapes)})" if shapes else ""
 
 
-def op_error(op: str, operands: Sequence[tuple[object, frozenset[str]]], why: str) -> VmaError:
+def op_error(op: str, operands: Sequence[tuple[Sequence[int], frozenset[str]]], why: str) -> VmaError:
     """The error of one op: its name, each operand's shape and axes, and why."""
     described = ", ".join(f"{list(shape)}{{V:{','.join(sorted(t))}}}" for shape, t in operands)
     return VmaError(f"`{op}` cannot be typed inside shard_map: {why}; operands: {described or 'none'}")
