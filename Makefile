@@ -34,7 +34,7 @@ test: $(STAMP) typecheck
 
 # mypy (pinned in the "test" extra) over the package, as pyproject.toml's [tool.mypy] says: strict on the
 # pure layers, torch read as Any, the looser places listed there with their reasons (docs/design.md, "Types
-# checked"). ~2 s with its cache (.mypy_cache), about a minute without one (stdlib and numpy read once).
+# checked"). ~2 s with its cache (.mypy_cache), ~25 s without one (the standard library's stubs read once).
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
