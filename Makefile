@@ -38,7 +38,7 @@ test: $(STAMP) typecheck
 typecheck: $(STAMP)
 	$(PY) -m mypy
 
-test-all: $(STAMP)
+test-all: $(STAMP) typecheck
 	$(PY) -m pytest -q
 
 # The compatibility pass for another torch (.ci/run: `make compat TORCH=2.11.0`, the oldest we support; README
