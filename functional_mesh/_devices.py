@@ -170,7 +170,7 @@ class DeviceList(Frozen):
 
         A range whose positions form a progression stays symbolic, in O(number of modes).
         """
-        return self.sublist(offset + L.indices(L.Layout._from_modes(modes)))
+        return self.sublist(offset + L.indices(L.canonical_layout(modes)))
 
 
 @attrs.frozen(weakref_slot=False, eq=False, repr=False)  # DeviceList's equality, hash and text

@@ -82,7 +82,7 @@ class Layout(Frozen):
     with ``stride``). Equality and hash are those of the canonical modes, so two layouts with the
     same function are equal. A plain ``__slots__`` value (see
     :class:`~functional_mesh._validate.Frozen`): every transformation builds layouts on its hot
-    path through ``_from_modes``, without the constructor's checks.
+    path through :func:`canonical_layout`, without the constructor's checks.
 
     Args:
         shape: the extent of each mode, outermost first; positive ints (one int for one mode).
@@ -134,13 +134,6 @@ class Layout(Frozen):
         """The index step of each mode, outermost first."""
         return tuple(d for _, d in self.modes)
 
-    @classmethod
-    def _from_modes(cls, modes: Iterable[tuple[int, int]]) -> Layout:
-        """Internal constructor for modes already known to be valid ints."""
-        self = object.__new__(cls)
-        self._set(canonical_modes(modes))
-        return self
-
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Layout):
             return NotImplemented
@@ -150,7 +143,7 @@ class Layout(Frozen):
         return self._hash
 
     def __reduce__(self):
-        return (Layout._from_modes, (self.modes,))
+        return (canonical_layout, (self.modes,))
 
     @property
     def size(self) -> int:
@@ -182,6 +175,17 @@ class Layout(Frozen):
         return f"({','.join(map(str, self.shape))}):({','.join(map(str, self.stride))})"
 
 
+def canonical_layout(modes: Iterable[tuple[int, int]]) -> Layout:
+    """The layout of ``modes``, coalesced, without the constructor's checks: the algebra's own constructor.
+
+    For modes already known to be ints with positive sizes (every transformation's result, and a
+    device list's walk, whose strides may be negative); ``Layout(shape, stride)`` checks user input.
+    """
+    lay = object.__new__(Layout)
+    lay._set(canonical_modes(modes))
+    return lay
+
+
 def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """Compact row-major strides over ``shape``: the last mode has stride 1.
 
@@ -206,7 +210,7 @@ def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
 def row_major_axes(sizes: Sequence[int]) -> tuple[Layout, ...]:
     """One single-mode layout per axis of a compact row-major grid over ``sizes`` (a mesh's axes)."""
     # equal lengths by construction: the strides are computed from the sizes
-    return tuple(Layout._from_modes(((s, d),)) for s, d in zip(sizes, row_major_strides(sizes)))
+    return tuple(canonical_layout(((s, d),)) for s, d in zip(sizes, row_major_strides(sizes)))
 
 
 def row_major(shape: Sequence[int]) -> Layout:
@@ -301,7 +305,7 @@ def concat(*layouts: Layout) -> Layout:
         >>> concat(Layout(2, 4), Layout(4, 1))              # contiguous: one mode
         Layout(8:1)
     """
-    return Layout._from_modes(m for lay in layouts for m in lay.modes)
+    return canonical_layout(m for lay in layouts for m in lay.modes)
 
 
 def complement_modes(modes: Iterable[tuple[int, int]], n: int, shown: object) -> Modes:
@@ -367,7 +371,7 @@ def complement(layout: Layout, n: int) -> Layout:
         (each stride a multiple of the span below it), but got layout=(2,2):(1,1)
     """
     n = as_int("complement", "n", n)
-    return Layout._from_modes(complement_modes(layout.modes, n, layout))
+    return canonical_layout(complement_modes(layout.modes, n, layout))
 
 
 def composition(outer: Layout, inner: Layout) -> Layout:
@@ -405,7 +409,7 @@ def composition(outer: Layout, inner: Layout) -> Layout:
     modes: list[tuple[int, int]] = []
     for s, d in inner.modes:
         modes.extend(compose_mode(outer, s, d, inner))
-    return Layout._from_modes(modes)
+    return canonical_layout(modes)
 
 
 def compose_mode(outer: Layout, shape: int, stride: int, shown: object = None) -> list[tuple[int, int]]:

@@ -267,7 +267,7 @@ class Reshapes:
         parts = []
         for size, step in zip(new_sizes, L.row_major_strides(new_sizes)):  # equal lengths by construction
             try:
-                parts.append(L.Layout._from_modes(L.compose_mode(old, size, step)))
+                parts.append(L.canonical_layout(L.compose_mode(old, size, step)))
             except MeshError:
                 raise MeshError(
                     requires(api, f"sizes that split axis {axis!r} along its modes {old} (outermost first)",
@@ -356,7 +356,7 @@ def _taken(devices: Any, family: L.Modes, layouts: tuple[L.Layout, ...], chosen:
     walk = _walk(family, layouts, chosen)
     if walk is not None:
         return devices.sublist_of_layout(*walk)
-    positions = L.indices(L.Layout._from_modes(family))
+    positions = L.indices(L.canonical_layout(family))
     for i, lay in enumerate(layouts):
         picked = chosen.get(i, range(lay.size))
         values = L.modes_value(lay.modes, np.asarray(picked, dtype=np.int64))

@@ -330,10 +330,7 @@ def test_every_piece_of_global_state_is_named_in_the_readme():
 # module's own classes define too counts as its own.
 
 # What may be read anyway, each with its reason.
-PRIVATE_ALLOWED = {
-    "Layout._from_modes": "the layout algebra's constructor for modes already in normal form, which the mesh "
-                          "modules call on their hot paths (issue 26 leaves its public name to the Mesh split)",
-}
+PRIVATE_ALLOWED: dict[str, str] = {}
 # Reads still to replace, each listed until it goes (the test fails when a listed one is gone, so the
 # list cannot go stale).
 PRIVATE_PENDING: set[tuple[str, str]] = set()
