@@ -6,11 +6,13 @@ block of ``size`` indices, and the complement of that block enumerates the *grou
 submesh per translate. Rank order inside a group is row-major over the axes in the mesh's
 order, exactly as in torch's ``DeviceMesh``.
 
-``Mesh`` holds the parts and their invariants (distinct names; axes that tile the devices),
-equality, hashing and pickling. What it answers and does comes in three parts, each its own
-module: its shape (``_mesh_shape``: names, sizes, layouts), its transformations
-(``_mesh_transforms``: selections and reshapes, in O(ndim) from the layouts alone, sharing the
-device list) and its groups (``_mesh_groups``: where the ranks are).
+``Mesh`` is one value: its fields (names, layouts, device list, and the family its axes leave,
+which they determine), their invariants (distinct names; axes that tile the devices), equality,
+hashing, pickling and every public method. The work is done by pure functions over those parts,
+in three modules that know no ``Mesh``: the values of its shape (``_mesh_shape``), its
+transformations (``_mesh_transforms``: selections and reshapes, in O(ndim) from the layouts
+alone) and its groups (``_mesh_groups``: where the ranks are). Each method is one call of one of
+them; a transformation's new names and layouts become a mesh on the same device list here.
 
 Examples:
     >>> mesh = make_mesh((2, 4), ("dp", "tp"))
@@ -31,13 +33,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
 import attrs
+import numpy as np
 
 from . import _layout as L
+from . import _mesh_groups as G
+from . import _mesh_transforms as T
 from ._devices import DeviceList
 from ._errors import MeshError, requires
-from ._mesh_groups import Groups
-from ._mesh_shape import MeshShape, Shape, axes_size
-from ._mesh_transforms import Reshapes, Selections, select
+from ._mesh_shape import MeshShape, MeshSize, axes_size
 from ._validate import as_axis_index, as_int, as_int_array, as_name_tuple, check_unique
 
 __all__ = ["Mesh", "MeshShape", "axes_size", "axis_layouts", "axis_position", "family_modes", "make_mesh",
@@ -45,7 +48,7 @@ __all__ = ["Mesh", "MeshShape", "axes_size", "axis_layouts", "axis_position", "f
 
 
 @attrs.frozen(weakref_slot=False)
-class Mesh(Shape, Selections, Reshapes, Groups):
+class Mesh:
     """Named axes over canonical layouts on a device list; immutable, hashable, picklable.
 
     Build meshes with :func:`make_mesh`, :meth:`Mesh.from_ranks` or
@@ -187,6 +190,357 @@ class Mesh(Shape, Selections, Reshapes, Groups):
             return f"Mesh({axes}; devices {self._devices.describe()})"
         return f"Mesh({axes})"
 
+    # -- its shape: names, sizes, layouts (what JAX's AbstractMesh knows) ----------------------------
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        """The axis names, in mesh order."""
+        return self._axis_names
+
+    @property
+    def axis_sizes(self) -> tuple[int, ...]:
+        """The axis sizes, in mesh order."""
+        return tuple(lay.size for lay in self._layouts)
+
+    @property
+    def shape(self) -> MeshShape:
+        """Ordered read-only mapping ``{name: size}`` (a :class:`MeshShape`), as JAX's ``mesh.shape``."""
+        return MeshShape(self._axis_names, self.axis_sizes)
+
+    @property
+    def ndim(self) -> int:
+        """Number of axes."""
+        return len(self._axis_names)
+
+    @property
+    def size(self) -> int:
+        """Number of devices in one group: the product of the axis sizes (a property, as in JAX)."""
+        return MeshSize(axes_size(self, self._axis_names))
+
+    @property
+    def layout(self) -> L.Layout:
+        """The layout of all axes together (coordinates row-major over the axes)."""
+        return L.concat(*self._layouts)
+
+    def axis_size(self, name: str) -> int:
+        """The size of one axis.
+
+        Args:
+            name: an axis name.
+
+        Returns:
+            The number of members along ``name``.
+
+        Raises:
+            UnknownAxisError: ``name`` is not an axis (with "did you mean" on a plausible typo).
+            TypeError: ``name`` is not a str.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> fm.make_mesh((2, 4), ("dp", "tp")).axis_size("tp")
+            4
+        """
+        try:  # the common case, unchecked; anything else raises below with the house message
+            return self._layouts[self._axis_names.index(name)].size
+        except ValueError:
+            return self._layouts[as_axis_index("Mesh.axis_size", self._axis_names, name, self)].size
+
+    def axis_layout(self, name: str) -> L.Layout:
+        """The canonical layout of one axis: where its members sit in the device list.
+
+        Equal layouts mean equal groups, however the meshes were derived, so this is the key
+        under which ``realize`` caches an axis's process groups.
+
+        Args:
+            name: an axis name.
+
+        Returns:
+            The axis's :class:`~functional_mesh.Layout` into the device list.
+
+        Raises:
+            UnknownAxisError: ``name`` is not an axis.
+            TypeError: ``name`` is not a str.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> fm.make_mesh((2, 4), ("dp", "tp")).axis_layout("dp")
+            Layout(2:4)
+        """
+        return self._layouts[as_axis_index("Mesh.axis_layout", self._axis_names, name, self)]
+
+    # -- selections: which axes, in which order, at which positions (_mesh_transforms) ----------------
+
+    def __getitem__(self, names: str | Sequence[str]) -> Mesh:
+        """Select axes, in the given order: ``mesh["tp"]``, ``mesh["tp", "dp"]``.
+
+        The result keeps each axis's layout. When it covers fewer ranks than the device list it is
+        a *family*: one group per value of the axes left out. Any order is legal (torch's
+        ``DeviceMesh`` refuses an order other than the mesh's).
+
+        Args:
+            names: one axis name, or a tuple or list of distinct names.
+
+        Returns:
+            The mesh of those axes, in that order.
+
+        Raises:
+            UnknownAxisError: a name that is not an axis.
+            MeshError: a name given twice, or no name.
+            TypeError: a position instead of a name (the message says which name to write).
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
+            >>> mesh["tp"]
+            Mesh(tp=4; 2 groups over devices 0..7)
+            >>> mesh["tp", "dp"].groups().tolist()
+            [[[0, 4], [1, 5], [2, 6], [3, 7]]]
+        """
+        return select(self, names, "Mesh[...]")
+
+    def transpose(self, *axes: str | Sequence[str]) -> Mesh:
+        """Reorder the axes.
+
+        Args:
+            *axes: a permutation of all axis names, as separate arguments or one tuple.
+
+        Returns:
+            The same groups with their axes in the new order (equal to ``mesh[axes]``).
+
+        Raises:
+            UnknownAxisError: a name that is not an axis.
+            MeshError: names that are not a permutation of all axis names.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> m = fm.make_mesh((2, 4), ("dp", "tp")).transpose("tp", "dp")
+            >>> m, m.ranks.tolist()
+            (Mesh(tp=4, dp=2), [[0, 4], [1, 5], [2, 6], [3, 7]])
+        """
+        return self._derive("Mesh.transpose", *T.transpose(self._axis_names, self._layouts, axes, self), True)
+
+    def take(self, /, **positions: int | slice | Sequence[int]) -> Mesh:
+        """Keep some positions along axes, as numpy indexing of the mesh's grid of ranks does.
+
+        An int (negative counts from the end) keeps one position and removes its axis; a slice or
+        a sequence of distinct ints keeps the axis, with those positions in that order. Axes not
+        named stay whole; over a family every group is indexed alike. The result lives on a device
+        list of the ranks it keeps: a range, in O(ndim), when they form one; otherwise the ranks.
+
+        Args:
+            **positions: ``axis=index`` per axis to index: an int, a slice, or ints.
+
+        Returns:
+            The mesh whose groups are ``mesh.groups()`` indexed along those axes (coordinates
+            counted anew from 0).
+
+        Raises:
+            UnknownAxisError: a name that is not an axis.
+            MeshError: no axis, a position outside its axis, a position given twice, or an empty
+                selection.
+            TypeError: an index that is not an int, a slice or a sequence of ints.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> mesh = fm.make_mesh((4, 2), ("pp", "tp"))
+            >>> mesh.take(pp=[0, -1]).ranks.tolist()           # the first and last stage
+            [[0, 1], [6, 7]]
+            >>> mesh.take(pp=2), mesh.take(pp=slice(1, 3))["tp"].groups().tolist()
+            (Mesh(tp=2; devices 4..5), [[2, 3], [4, 5]])
+        """
+        return type(self)(*T.take(self._axis_names, self._layouts, self._devices, self._complement, positions, self))
+
+    # -- reshapes: the same positions under other axes, so the family is unchanged (_mesh_transforms) -
+
+    def flatten(self, axes: str | Sequence[str] | None = None, name: str | None = None) -> Mesh:
+        """Merge axes into one, row-major in the listed order.
+
+        The merged axis takes the place of the first listed axis among the remaining ones. Any
+        axes may be merged, adjacent or not, in any order.
+
+        Args:
+            axes: the axes to merge (default: all), one name or a tuple of distinct names.
+            name: the merged axis's name (default: the listed names joined with ``"_"``).
+
+        Returns:
+            The mesh with the merged axis; the same groups as ``P(axes)`` names.
+
+        Raises:
+            UnknownAxisError: an axis that the mesh does not have.
+            MeshError: a repeated axis, a mesh with no axes, or a ``name`` that a remaining axis has.
+            TypeError: a ``name`` that is not a str.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> m = fm.make_mesh((2, 2, 2), ("a", "b", "c"))
+            >>> m.flatten(("c", "a"))
+            Mesh(b=2, c_a=4)
+            >>> m.flatten(("a", "c"))["a_c"].groups().tolist()
+            [[0, 1, 4, 5], [2, 3, 6, 7]]
+        """
+        return self._derive("Mesh.flatten", *T.flatten(self._axis_names, self._layouts, axes, name, self), True)
+
+    def unflatten(self, axis: str, sizes: Mapping[str, int] | Sequence[tuple[str, int]]) -> Mesh:
+        """Split one axis into new axes, row-major, in its place.
+
+        The sizes must multiply to the axis size and split it along its canonical modes: a
+        non-contiguous ``(2,3):(6,1)`` axis splits as ``(2, 3)`` or ``(6,)``, not ``(3, 2)``. The new
+        names may reuse the old one.
+
+        Args:
+            axis: the axis to split.
+            sizes: ``{name: size}``, or a sequence of ``(name, size)`` pairs, outermost first.
+
+        Returns:
+            The mesh with the new axes where ``axis`` stood.
+
+        Raises:
+            UnknownAxisError: ``axis`` is not an axis.
+            MeshError: sizes that are not positive, whose product is not the axis size, that do
+                not line up with the axis's modes, or new names that clash with the other axes.
+            TypeError: ``sizes`` of another type.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> m = fm.make_mesh((8,), ("world",)).unflatten("world", {"dp": 2, "tp": 4})
+            >>> m["dp"].groups().tolist()
+            [[0, 4], [1, 5], [2, 6], [3, 7]]
+        """
+        return self._derive("Mesh.unflatten", *T.unflatten(self._axis_names, self._layouts, axis, sizes, self), True)
+
+    def rename(self, mapping: Mapping[str, str]) -> Mesh:
+        """Rename axes simultaneously; names not in the mapping stay.
+
+        Args:
+            mapping: ``{old: new}``; ``{"a": "b", "b": "a"}`` swaps two names.
+
+        Returns:
+            The same mesh under the new names.
+
+        Raises:
+            UnknownAxisError: an old name that is not an axis.
+            MeshError: new names that repeat or are empty.
+            TypeError: a mapping of another type.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> fm.make_mesh((2, 4), ("dp", "tp")).rename({"dp": "data", "tp": "model"})
+            Mesh(data=2, model=4)
+        """
+        return self._derive("Mesh.rename", T.rename(self._axis_names, mapping, self), self._layouts, True)
+
+    # -- its groups: where the ranks are, and each rank's place among them (_mesh_groups) -------------
+
+    @property
+    def num_devices(self) -> int:
+        """Length ``N`` of the device list (all groups together)."""
+        return len(self._devices)
+
+    @property
+    def devices(self) -> np.ndarray:
+        """The device list as a read-only flat int64 array (materialised on demand)."""
+        return self._devices.to_array()
+
+    @property
+    def device_list(self) -> DeviceList:
+        """The device list value (a ``DeviceList``), shared with every derived mesh."""
+        return self._devices
+
+    @property
+    def num_groups(self) -> int:
+        """Number of submeshes (groups) this mesh stands for."""
+        return G.num_groups(self._complement)
+
+    def groups(self) -> np.ndarray:
+        """Every group's global ranks.
+
+        Groups come in torch's order (increasing first position in the device list); inside a
+        group, ranks are row-major over the axes in mesh order.
+
+        Returns:
+            An int64 array of shape ``(num_groups, *axis_sizes)``.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> fm.make_mesh((2, 4), ("dp", "tp"))["dp"].groups().tolist()
+            [[0, 4], [1, 5], [2, 6], [3, 7]]
+        """
+        return G.groups(self._layouts, self._devices)
+
+    def coordinate(self, rank: int) -> tuple[int, ...] | None:
+        """A rank's coordinate in its group, in mesh order.
+
+        O(ndim) for a symbolic device list: each axis reads its own digits of the rank's position.
+
+        Args:
+            rank: a global rank.
+
+        Returns:
+            One index per axis, or ``None`` when ``rank`` is not in the device list.
+
+        Raises:
+            MeshError: a negative rank.
+            TypeError: a rank that is not an int.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
+            >>> mesh.coordinate(6), mesh["tp", "dp"].coordinate(6), mesh.coordinate(8)
+            ((1, 2), (2, 1), None)
+        """
+        return G.coordinate(self._layouts, self._devices, rank, self)
+
+    def group_of(self, rank: int) -> np.ndarray | None:
+        """The group holding a rank. O(group size), whatever the world size.
+
+        Args:
+            rank: a global rank.
+
+        Returns:
+            The group's ranks, an int64 array of shape ``axis_sizes``; ``None`` when ``rank`` is
+            not in the device list.
+
+        Raises:
+            MeshError: a negative rank.
+            TypeError: a rank that is not an int.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> fm.make_mesh((2, 4), ("dp", "tp"))["dp"].group_of(6).tolist()
+            [2, 6]
+        """
+        return G.group_of(self._layouts, self._devices, self._complement, rank, self)
+
+    def host_span(self, ranks_per_host: int) -> dict[str, str]:
+        """Where each axis's groups sit when hosts hold ``ranks_per_host`` consecutive ranks.
+
+        The host of rank ``r`` is ``r // ranks_per_host`` (torchrun's numbering). O(devices).
+
+        Args:
+            ranks_per_host: ranks per host, a positive int.
+
+        Returns:
+            Per axis, in mesh order: ``"intra-host"`` when each group lies on one host (a size-1
+            axis too), ``"cross-host"`` when each member of a group is on its own host, else ``"mixed"``.
+
+        Raises:
+            MeshError: ``ranks_per_host`` below 1.
+            TypeError: ``ranks_per_host`` that is not an int.
+
+        Examples:
+            >>> import functional_mesh as fm
+            >>> fm.make_mesh((2, 2, 4), ("dp", "cp", "tp")).host_span(ranks_per_host=8)
+            {'dp': 'cross-host', 'cp': 'intra-host', 'tp': 'intra-host'}
+            >>> fm.make_mesh((4, 4), ("dp", "tp")).flatten(("dp", "tp")).host_span(8)
+            {'dp_tp': 'mixed'}
+        """
+        return G.host_span(self._axis_names, self._layouts, self._devices, ranks_per_host, self)
+
+    @property
+    def ranks(self) -> np.ndarray:
+        """The ranks of the only group, shape ``axis_sizes``; a ``MeshError`` for a family (use ``groups()``)."""
+        return G.only_group(self._layouts, self._devices, self._complement, self)
+
 
 def axis_position(mesh: Mesh, name: object, api: str = "Mesh.axis_size") -> int:
     """Position of axis ``name`` in ``mesh``, for the error of the public call ``api``.
@@ -197,6 +551,12 @@ def axis_position(mesh: Mesh, name: object, api: str = "Mesh.axis_size") -> int:
         return mesh._axis_names.index(name)
     except ValueError:
         return as_axis_index(api, mesh._axis_names, name, mesh)
+
+
+def select(mesh: Mesh, names: object, api: str) -> Mesh:
+    """``mesh[names]``, for the error of the public call ``api`` (``realize(axes=)``, ``rm[...]``, ...)."""
+    axis_names, layouts = T.select(mesh._axis_names, mesh._layouts, names, api, mesh)
+    return mesh._derive(api, axis_names, layouts, len(axis_names) == len(mesh._axis_names))
 
 
 def axis_layouts(mesh: Mesh) -> tuple[L.Layout, ...]:

@@ -1,9 +1,8 @@
-"""A mesh's shape: its named axes, their sizes and layouts (what JAX's ``AbstractMesh`` knows).
+"""A mesh's shape: the values its axes' names and sizes make (what JAX's ``AbstractMesh`` knows).
 
-:class:`Shape` is the part of :class:`~functional_mesh.Mesh` that answers from the axes alone,
-without the device list: names, sizes, ``mesh.shape`` (a :class:`MeshShape`), the layout of an
-axis. Every answer is a plain read, O(number of axes); :func:`axes_size` is the one product of
-axis sizes.
+:class:`~functional_mesh.Mesh` answers its names, sizes and layouts from its own fields; this module
+holds the values it answers with: ``mesh.shape``, a :class:`MeshShape`, and ``mesh.size``, a
+:class:`MeshSize`; and :func:`axes_size`, the one product of axis sizes.
 
 Examples:
     >>> import functional_mesh as fm
@@ -18,11 +17,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from . import _layout as L
 from ._errors import UnknownAxisError, requires, unknown_axis
-from ._validate import Frozen, as_axis_index
+from ._validate import Frozen
 
-__all__ = ["MeshShape", "Shape", "axes_size"]
+__all__ = ["MeshShape", "MeshSize", "axes_size"]
 
 
 class MeshShape(Frozen, Mapping[str, int]):
@@ -85,7 +83,7 @@ class MeshShape(Frozen, Mapping[str, int]):
         return repr(dict(self._items))
 
 
-class _Size(int):
+class MeshSize(int):
     """``mesh.size``: an int that explains itself when called like torch's ``DeviceMesh.size()``."""
 
     def __call__(self, *args: object) -> int:
@@ -96,94 +94,6 @@ class _Size(int):
 
     def __reduce__(self):
         return (int, (int(self),))
-
-
-class Shape:
-    """The shape of a :class:`~functional_mesh.Mesh`: what it answers from its axes alone.
-
-    A part of ``Mesh`` (it holds no fields of its own): it reads the axis names and layouts that
-    ``Mesh`` sets. All O(number of axes).
-    """
-
-    __slots__ = ()
-    _axis_names: tuple[str, ...]  # set by Mesh
-    _layouts: tuple[L.Layout, ...]  # set by Mesh: one canonical layout per axis
-
-    @property
-    def axis_names(self) -> tuple[str, ...]:
-        """The axis names, in mesh order."""
-        return self._axis_names
-
-    @property
-    def axis_sizes(self) -> tuple[int, ...]:
-        """The axis sizes, in mesh order."""
-        return tuple(lay.size for lay in self._layouts)
-
-    @property
-    def shape(self) -> MeshShape:
-        """Ordered read-only mapping ``{name: size}`` (a :class:`MeshShape`), as JAX's ``mesh.shape``."""
-        return MeshShape(self._axis_names, self.axis_sizes)
-
-    @property
-    def ndim(self) -> int:
-        """Number of axes."""
-        return len(self._axis_names)
-
-    @property
-    def size(self) -> int:
-        """Number of devices in one group: the product of the axis sizes (a property, as in JAX)."""
-        return _Size(axes_size(self, self._axis_names))
-
-    @property
-    def layout(self) -> L.Layout:
-        """The layout of all axes together (coordinates row-major over the axes)."""
-        return L.concat(*self._layouts)
-
-    def axis_size(self, name: str) -> int:
-        """The size of one axis.
-
-        Args:
-            name: an axis name.
-
-        Returns:
-            The number of members along ``name``.
-
-        Raises:
-            UnknownAxisError: ``name`` is not an axis (with "did you mean" on a plausible typo).
-            TypeError: ``name`` is not a str.
-
-        Examples:
-            >>> import functional_mesh as fm
-            >>> fm.make_mesh((2, 4), ("dp", "tp")).axis_size("tp")
-            4
-        """
-        try:  # the common case, unchecked; anything else raises below with the house message
-            return self._layouts[self._axis_names.index(name)].size
-        except ValueError:
-            return self._layouts[as_axis_index("Mesh.axis_size", self._axis_names, name, self)].size
-
-    def axis_layout(self, name: str) -> L.Layout:
-        """The canonical layout of one axis: where its members sit in the device list.
-
-        Equal layouts mean equal groups, however the meshes were derived, so this is the key
-        under which ``realize`` caches an axis's process groups.
-
-        Args:
-            name: an axis name.
-
-        Returns:
-            The axis's :class:`~functional_mesh.Layout` into the device list.
-
-        Raises:
-            UnknownAxisError: ``name`` is not an axis.
-            TypeError: ``name`` is not a str.
-
-        Examples:
-            >>> import functional_mesh as fm
-            >>> fm.make_mesh((2, 4), ("dp", "tp")).axis_layout("dp")
-            Layout(2:4)
-        """
-        return self._layouts[as_axis_index("Mesh.axis_layout", self._axis_names, name, self)]
 
 
 def axes_size(mesh: Any, axes: Iterable[str]) -> int:

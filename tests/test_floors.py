@@ -322,12 +322,14 @@ def test_every_piece_of_global_state_is_named_in_the_readme():
 # -- private state stays home ------------------------------------------------------------------------
 #
 # A module reads another's state through named accessors, never through its private names: an
-# attribute starting with ``_`` that a class of another module defines (its ``__slots__``, a
-# ``self._x = ...``, a method or class attribute), named directly or as a string to
-# ``getattr``/``hasattr``; a module's private name (``C._REGION``, ``from ._agree import _next_call``);
-# and no module writes to an object another module owns (``CACHE.hits += 1``, ``CACHE.groups[k] = g``,
-# ``CACHE.created.append(g)``). Read with ``ast`` from the source: a private name that the reading
-# module's own classes define too counts as its own.
+# attribute starting with ``_`` that a class of another module creates (its ``__slots__``, an attrs
+# field, a ``self._x = ...`` or ``object.__setattr__(self, "_x", ...)``, a method or a class attribute
+# with a value), named directly, through ``self`` or as a string to ``getattr``/``hasattr``; a module's
+# private name (``C._REGION``, ``from ._agree import _next_call``); and no module writes to an object
+# another module owns (``CACHE.hits += 1``, ``CACHE.groups[k] = g``, ``CACHE.created.append(g)``).
+# Read with ``ast`` from the source: a private name that the reading module's own classes create too
+# counts as its own, but a bare annotation creates nothing (a mixin that declares its host's slots
+# still reads them across modules).
 
 # What may be read anyway, each with its reason.
 PRIVATE_ALLOWED: dict[str, str] = {}
@@ -342,13 +344,33 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
+_FIELD_DECORATORS = {"define", "frozen", "mutable", "s", "attrs", "dataclass"}  # attrs and dataclasses
+
+
+def _makes_fields(cls: ast.ClassDef) -> bool:
+    """Whether ``cls``'s bare annotations make fields (an attrs class or a dataclass) rather than only name them."""
+    for deco in cls.decorator_list:
+        func = deco.func if isinstance(deco, ast.Call) else deco
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if name in _FIELD_DECORATORS:
+            return True
+    return False
+
+
 def _class_attributes(tree: ast.Module) -> dict[str, str]:
-    """``{private attribute: class}`` for the attributes the module's classes define."""
+    """``{private attribute: class}`` for the attributes the module's classes create.
+
+    A class creates an attribute with its ``__slots__``, a field of an attrs class or a dataclass, a
+    method, a class attribute with a value, or a store on ``self`` (``self._x = v``,
+    ``object.__setattr__(self, "_x", v)``). A bare annotation in any other class (``_x: int``, as a
+    mixin declares what its host sets) creates nothing: the attribute stays its creator's.
+    """
     out: dict[str, str] = {}
     for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        fields = _makes_fields(cls)
         for node in cls.body:
             targets = node.targets if isinstance(node, ast.Assign) else \
-                [node.target] if isinstance(node, ast.AnnAssign) else []
+                [node.target] if isinstance(node, ast.AnnAssign) and (node.value is not None or fields) else []
             for t in targets:
                 if isinstance(t, ast.Name) and t.id == "__slots__":
                     out.update({c.value: cls.name for c in ast.walk(node.value)
@@ -361,6 +383,12 @@ def _class_attributes(tree: ast.Module) -> dict[str, str]:
             if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
                     and isinstance(node.value, ast.Name) and node.value.id == "self" and _private(node.attr)):
                 out[node.attr] = cls.name
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr == "__setattr__" and len(node.args) >= 2
+                  and isinstance(node.args[0], ast.Name) and node.args[0].id == "self"
+                  and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+                  and _private(node.args[1].value)):
+                out[node.args[1].value] = cls.name
     return out
 
 
@@ -405,7 +433,7 @@ def private_state_uses(sources: dict[str, str]) -> list[tuple[str, int, str]]:
                 value = node.value
                 if isinstance(value, ast.Name) and value.id in modules:
                     found.append((module, node.lineno, f"{modules[value.id]}.{node.attr}"))
-                elif not (isinstance(value, ast.Name) and value.id in ("self", "cls")) and (o := owner(node.attr)):
+                elif o := owner(node.attr):  # through self too: a class's own are those it creates
                     found.append((module, node.lineno, o))
             elif isinstance(node, ast.Call):
                 func = node.func
@@ -458,9 +486,37 @@ def use(rm):
     CACHE.created.append(3)
     return rm._memo, rm.public, rm._not_ours
 """
-    home = "class Other:\n    def f(self):\n        return self._memo\n"
+    home = "class Other:\n    def __init__(self):\n        self._memo = 1\n    def f(self):\n        return self._memo\n"
     assert private_state_uses({"owner": owner, "reader": reader, "home": home}) == [
         ("reader", 3, "owner._helper"), ("reader", 5, "Handle._check"), ("reader", 6, "Handle._epoch"),
         ("reader", 7, "owner._COUNTER"), ("reader", 7, "writes owner's O._COUNTER['x']"),
         ("reader", 8, "writes owner's CACHE.hits"), ("reader", 9, "writes owner's CACHE.groups[1]"),
         ("reader", 10, "writes owner's CACHE.created"), ("reader", 11, "Handle._memo")]
+
+
+def test_an_annotation_does_not_make_another_modules_slot_its_own():
+    """A mixin that declares its host's slots (``_names: tuple``) and reads them through ``self`` reads
+    another module's private state: the slots belong to the module whose class creates them."""
+    host = """
+import attrs
+from .mixin import Part
+@attrs.frozen
+class Host(Part):
+    _names: tuple
+    _cache: dict = attrs.field(init=False)
+    def __init__(self, names):
+        object.__setattr__(self, "_names", names)
+        object.__setattr__(self, "_seen", 0)
+"""
+    mixin = """
+class Part:
+    __slots__ = ()
+    _names: tuple  # set by Host
+    _seen: int  # set by Host
+    def first(self):
+        return self._names[0], self._seen, self._cache
+"""
+    plain = "class Values:\n    _n: int\n    _m: int = 0\n    def size(self):\n        return self._n + self._m\n"
+    assert private_state_uses({"host": host, "mixin": mixin, "plain": plain}) == [
+        ("mixin", 7, "Host._cache"), ("mixin", 7, "Host._names"), ("mixin", 7, "Host._seen")]
+
