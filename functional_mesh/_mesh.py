@@ -317,7 +317,8 @@ class Mesh:
             >>> m, m.ranks.tolist()
             (Mesh(tp=4, dp=2), [[0, 4], [1, 5], [2, 6], [3, 7]])
         """
-        return self._derive("Mesh.transpose", *T.transpose(self._axis_names, self._layouts, axes, self), True)
+        names, layouts = T.transpose(self._axis_names, self._layouts, axes, self)
+        return self._derive("Mesh.transpose", names, layouts, True)
 
     def take(self, /, **positions: int | slice | Sequence[int]) -> Mesh:
         """Keep some positions along axes, as numpy indexing of the mesh's grid of ranks does.
@@ -348,7 +349,9 @@ class Mesh:
             >>> mesh.take(pp=2), mesh.take(pp=slice(1, 3))["tp"].groups().tolist()
             (Mesh(tp=2; devices 4..5), [[2, 3], [4, 5]])
         """
-        return type(self)(*T.take(self._axis_names, self._layouts, self._devices, self._complement, positions, self))
+        names, layouts, devices = T.take(self._axis_names, self._layouts, self._devices, self._complement, positions,
+                                         self)
+        return type(self)(names, layouts, devices)
 
     # -- reshapes: the same positions under other axes, so the family is unchanged (_mesh_transforms) -
 
@@ -378,7 +381,8 @@ class Mesh:
             >>> m.flatten(("a", "c"))["a_c"].groups().tolist()
             [[0, 1, 4, 5], [2, 3, 6, 7]]
         """
-        return self._derive("Mesh.flatten", *T.flatten(self._axis_names, self._layouts, axes, name, self), True)
+        names, layouts = T.flatten(self._axis_names, self._layouts, axes, name, self)
+        return self._derive("Mesh.flatten", names, layouts, True)
 
     def unflatten(self, axis: str, sizes: Mapping[str, int] | Sequence[tuple[str, int]]) -> Mesh:
         """Split one axis into new axes, row-major, in its place.
@@ -406,7 +410,8 @@ class Mesh:
             >>> m["dp"].groups().tolist()
             [[0, 4], [1, 5], [2, 6], [3, 7]]
         """
-        return self._derive("Mesh.unflatten", *T.unflatten(self._axis_names, self._layouts, axis, sizes, self), True)
+        names, layouts = T.unflatten(self._axis_names, self._layouts, axis, sizes, self)
+        return self._derive("Mesh.unflatten", names, layouts, True)
 
     def rename(self, mapping: Mapping[str, str]) -> Mesh:
         """Rename axes simultaneously; names not in the mapping stay.

@@ -42,7 +42,7 @@ def positions(api: str, axis_names: Names, names: object, mesh: object, what: st
     if not names_t:
         raise MeshError(requires(api, "at least one axis", what, names_t, axis_names), mesh=mesh)
     check_unique(api, names_t, what)
-    return tuple(as_axis_index(api, axis_names, n, mesh) for n in names_t)
+    return tuple([as_axis_index(api, axis_names, n, mesh) for n in names_t])
 
 
 def select(axis_names: Names, layouts: Layouts, names: object, api: str, mesh: object) -> tuple[Names, Layouts]:
@@ -53,7 +53,7 @@ def select(axis_names: Names, layouts: Layouts, names: object, api: str, mesh: o
             msg += f"; write mesh[{axis_names[names]!r}]"
         raise TypeError(msg)
     pos = positions(api, axis_names, names, mesh)
-    return tuple(axis_names[i] for i in pos), tuple(layouts[i] for i in pos)
+    return tuple([axis_names[i] for i in pos]), tuple([layouts[i] for i in pos])
 
 
 def transpose(axis_names: Names, layouts: Layouts, axes: tuple[Any, ...], mesh: object) -> tuple[Names, Layouts]:
