@@ -322,7 +322,7 @@ def _across(x: Any, sharding: Any, mesh: Any, async_op: bool, bucket_bytes: int 
     else:
         if isinstance(sharding, list) and isinstance(x, tuple):
             sharding = tuple(sharding)
-        flat = pytree._broadcast_to_and_flatten(sharding, tree, is_leaf=_is_sharding)
+        flat = _torch.broadcast_prefix(sharding, tree, is_leaf=_is_sharding)
         if flat is None:
             raise MeshError(requires("reshard", "a sharding tree that matches the value's tree (or a prefix of it)",
                                      "sharding", sharding) + f"; the value has structure {tree}")

@@ -15,7 +15,8 @@ never read from the version:
 - ``ProcessGroup._set_group_desc(desc)``, to name every axis a shared group serves;
 - ``DeviceMesh._flatten_mapping``, ``_pg_registry``, ``_dim_group_names``, ``_layout.collapse()``,
   ``_MeshLayout`` and ``DeviceMesh(_layout=, _rank_map=, _root_mesh=, _init_backend=False)``, to
-  hand torch the product groups realize made when it flattens a mesh itself;
+  hand torch the product groups realize made when it flattens a mesh itself, and to put them
+  under a framework's own names (:func:`rename_flattened`, for ``integrations/accelerate``);
 - ``distributed_c10d._get_default_group()`` and ``_get_default_store()``;
 - ``distributed_c10d._new_process_group_helper(...)`` (the same signature on 2.13.0, 2.14.1 and
   2.15.0) and ``_world.pg_group_ranks``, to make the one-rank fake-backend group torch is lent for
@@ -62,7 +63,7 @@ Creates no process group but two kinds, for ``_cache`` only (:func:`one_rank_gro
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -81,7 +82,7 @@ __all__ = ["PlacementPlan", "abort_groups", "all_gather", "all_gather_start", "a
            "can_split", "default_group",
            "default_store", "device_mesh_from_groups", "from_placements", "global_rank", "group_members",
            "group_in_order", "group_name", "group_timeout", "known_groups", "local_tensor", "mesh_parts", "one_rank_group", "op_overload_name", "pytree",
-           "reduce_scatter", "register_flattened", "set_group_desc", "to_placements", "torch_function_mode_active",
+           "reduce_scatter", "register_flattened", "rename_flattened", "set_group_desc", "to_placements", "torch_function_mode_active",
            "trace_time_error", "unregister_flattened"]
 
 # Per mesh axis: None (replicated), (tensor dim, split factor) (a factor of None is Shard(dim), an int
@@ -581,12 +582,37 @@ def register_flattened(root: DeviceMesh, names: tuple[str, ...], pg: Any) -> Non
     realize made, without creating one (private: ``_flatten_mapping``, ``_pg_registry``,
     ``_dim_group_names``, ``DeviceMesh(_layout=, _rank_map=, _root_mesh=, _init_backend=False)``).
     """
-    flat = DeviceMesh(root.device_type, _layout=flat_layout(root[names]._layout),
-                      _rank_map=root._rank_map, mesh_dim_names=("_".join(names),), _root_mesh=root,
-                      _init_backend=False)
-    flat._dim_group_names = [pg.group_name]
+    flat = _flattened(root, flat_layout(root[names]._layout), "_".join(names), [pg.group_name])
     root._pg_registry[pg.group_name] = pg
     root._flatten_mapping["_".join(names)] = flat
+
+
+def rename_flattened(root: DeviceMesh, flattened: Mapping[str, tuple[str, ...]]) -> None:
+    """Make ``root``'s flattened meshes exactly ``{name: dims}``, each over the group ``root`` holds already.
+
+    For a framework that flattens under its own names (accelerate: "dp" for
+    ``("dp_replicate", "dp_shard")``, and a single dim too): a name over several dims takes the
+    product :func:`register_flattened` put under the dims joined by "_"; a name over one dim takes
+    that dim's group, with the layout ``_flatten`` would give it (:func:`flat_layout`). The joined
+    names not asked for are dropped, so the cache holds what the framework's own would (private:
+    ``_flatten_mapping``, ``_layout``, ``_dim_group_names``, as :func:`register_flattened`).
+    """
+    made = root._flatten_mapping
+    named = {}
+    for name, dims in flattened.items():
+        source = root[dims[0]] if len(dims) == 1 else made["_".join(dims)]
+        layout = flat_layout(source._layout) if len(dims) == 1 else source._layout
+        named[name] = _flattened(root, layout, name, list(source._dim_group_names))
+    made.clear()
+    made.update(named)
+
+
+def _flattened(root: DeviceMesh, layout: Any, name: str, group_names: list[str]) -> DeviceMesh:
+    """A flattened mesh of ``root`` named ``name``, over groups ``root`` holds (no new group)."""
+    flat = DeviceMesh(root.device_type, _layout=layout, _rank_map=root._rank_map, mesh_dim_names=(name,),
+                      _root_mesh=root, _init_backend=False)
+    flat._dim_group_names = group_names
+    return flat
 
 
 def forget_sharding_plans() -> None:

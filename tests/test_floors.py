@@ -201,6 +201,11 @@ def test_readme_layers_reads_the_table_as_written():
 
 INTEGRATIONS = PACKAGE / "integrations"
 INTEGRATION_MAY_IMPORT = {"functional_mesh", "torch", "torchtitan", "accelerate"}  # and the standard library
+# Private modules of ours that an integration may import besides the facade, each with its reason.
+INTEGRATION_PRIVATE_ALLOWED = {
+    "_torch": "the one home of torch's private APIs: an integration that must reach into a torch object (accelerate "
+              "renames flattened DeviceMesh dims) asks _torch (rename_flattened) instead of reading torch's privates",
+}
 
 
 def integration_imports(path: pathlib.Path) -> list[tuple[str, int]]:
@@ -227,7 +232,8 @@ def bad_integration_imports(imported: list[tuple[str, int]], name: str) -> list[
         top = module.split(".")[0]
         if top == "functional_mesh":
             parts = module.split(".")
-            ok = len(parts) == 1 or parts[1] == "integrations" or not parts[1].startswith("_")
+            ok = len(parts) == 1 or parts[1] == "integrations" or not parts[1].startswith("_") \
+                or parts[1] in INTEGRATION_PRIVATE_ALLOWED
         else:
             ok = top in INTEGRATION_MAY_IMPORT or top in sys.stdlib_module_names or top == "__future__"
         if not ok:
@@ -246,7 +252,8 @@ def test_the_integration_import_check_can_fail(tmp_path):
     assert bad_integration_imports(imported, "x.py") == [
         "x.py:5 imports functional_mesh._mesh", "x.py:6 imports functional_mesh._mesh.Mesh", "x.py:7 imports numpy",
         "x.py:8 imports attrs"]
-    source = "from .. import _mesh\nfrom functional_mesh._sharding import P\nfrom functional_mesh import P\n"
+    source = ("from .. import _mesh\nfrom functional_mesh._sharding import P\nfrom functional_mesh import P\n"
+              "from functional_mesh import _torch\n")
     path = tmp_path / "probe.py"
     path.write_text(source)
     assert bad_integration_imports(integration_imports(path), "p.py") == [
@@ -520,3 +527,96 @@ class Part:
     assert private_state_uses({"host": host, "mixin": mixin, "plain": plain}) == [
         ("mixin", 7, "Host._cache"), ("mixin", 7, "Host._names"), ("mixin", 7, "Host._seen")]
 
+
+# -- torch's private APIs: read in _torch only ---------------------------------------------------------
+#
+# _torch lists every private torch API the package reads, with the releases it was checked on, and
+# detects where they differ; every other module, and every integration, asks _torch. Read with ``ast``:
+# an import of a private torch module or name, and a read of a private attribute that none of our
+# modules creates (a class's, as above, or a module-level name) -- a DeviceMesh's ``_layout``, a pytree
+# helper, a tensor's counter -- directly or as a string to ``getattr``/``hasattr``; a write counts too.
+
+TORCH_HOME = "_torch"
+NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}  # public, underscored against clashes
+# Private attributes of other libraries read anyway, wherever they are read, each with its reason.
+_TITAN_FIELDS = ("_mesh_exist", "_world_mesh", "_global_meshes", "_single_axis_meshes", "_multi_axis_meshes",
+                 "_spmd_meshes", "_validate_meshes")
+FOREIGN_PRIVATE_ALLOWED: dict[str, str] = {
+    "_version": "Tensor._version, the counter of in-place writes, read by the region's cast cache on every eager "
+                "cast, where a call through _torch would cost each one",
+    "_data": "os.environ._data (CPython's own mapping): the debug setting, read at every collective call, without "
+             "os.environ.get's encoding of the key (~1 us)",
+    **dict.fromkeys(_TITAN_FIELDS, "torchtitan's own ParallelDims fields, no torch private: integrations/torchtitan "
+                                   "fills them as torchtitan 0.3.0's build_mesh does, for the release it pins"),
+}
+
+
+def our_private_names(sources: dict[str, str]) -> set[str]:
+    """Every private name our modules create: their classes' attributes and their module-level names."""
+    names: set[str] = set()
+    for source in sources.values():
+        tree = ast.parse(source)
+        names |= set(_class_attributes(tree))
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, ast.AnnAssign) else []
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return {n for n in names if _private(n)}
+
+
+def foreign_private_reads(sources: dict[str, str], ours: set[str]) -> list[tuple[str, int, str]]:
+    """``(module, line, what)`` for every private name of another library that a module uses or imports."""
+    found = []
+    for module, source in sources.items():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                found += [(module, node.lineno, f"import {a.name}") for a in node.names
+                          if a.name.split(".")[0] == "torch" and any(map(_private, a.name.split(".")))]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "torch":
+                private = [a.name for a in node.names if _private(a.name)]
+                if private or any(map(_private, node.module.split("."))):
+                    found.append((module, node.lineno, f"from {node.module} import {', '.join(private) or '...'}"))
+            elif isinstance(node, ast.Attribute) and _private(node.attr):  # a read, a write or a delete
+                if node.attr not in ours and node.attr not in NAMEDTUPLE_API:
+                    found.append((module, node.lineno, node.attr))
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
+                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                    and isinstance(node.args[1].value, str) and _private(node.args[1].value) \
+                    and node.args[1].value not in ours:
+                found.append((module, node.lineno, node.args[1].value))
+    return sorted(set(found))
+
+
+def _package_and_integrations() -> dict[str, str]:
+    sources = {p.stem: p.read_text() for p in PACKAGE.glob("*.py")}
+    return sources | {f"integrations/{p.stem}": p.read_text() for p in INTEGRATIONS.glob("*.py")}
+
+
+def test_torch_privates_are_read_in_torch_only():
+    sources = _package_and_integrations()
+    ours = our_private_names({m: s for m, s in sources.items() if not m.startswith("integrations/")})
+    reads = foreign_private_reads({m: s for m, s in sources.items() if m != TORCH_HOME}, ours)
+    bad = [f"{m}.py:{line} {what}" for m, line, what in reads if what not in FOREIGN_PRIVATE_ALLOWED]
+    assert bad == [], "private APIs of torch (or another library) read outside _torch: " + "; ".join(bad)
+    unused = set(FOREIGN_PRIVATE_ALLOWED) - {what for _, _, what in reads}
+    assert unused == set(), f"allowed but no longer read (strike them): {sorted(unused)}"
+
+
+def test_the_torch_private_check_sees_imports_reads_and_strings():
+    ours = our_private_names({"home": "class Ours:\n    __slots__ = ('_mine',)\n_TABLE = {}\n"})
+    source = """
+import torch.utils._pytree as pytree
+from torch.distributed._mesh_layout import _MeshLayout
+from torch.distributed.tensor import _dispatch
+from torch.distributed import new_group
+def f(dm, x, call, home):
+    pytree._broadcast_to_and_flatten(x, x)
+    hasattr(dm, "_layout")
+    return dm._rank_map, x._mine, call._replace(a=1), home._TABLE
+"""
+    assert foreign_private_reads({"m": source}, ours) == [
+        ("m", 2, "import torch.utils._pytree"), ("m", 3, "from torch.distributed._mesh_layout import _MeshLayout"),
+        ("m", 4, "from torch.distributed.tensor import _dispatch"), ("m", 7, "_broadcast_to_and_flatten"),
+        ("m", 8, "_layout"), ("m", 9, "_rank_map")]

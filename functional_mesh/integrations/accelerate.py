@@ -13,10 +13,9 @@ flattened dims under the same names, the same groups and coordinates -- from one
 :func:`functional_mesh.realize` call: each dim is an axis, each flattened dim of two or more dims
 a realized product, and each distinct rank set gets one group (a flattened dim of one dim is that
 dim's group; a whole-world dim reuses the default group). The torch mesh is the realized mesh's
-``device_mesh``; its flattened dims are renamed to accelerate's names, which needs torch's private
-``DeviceMesh`` fields (``_flatten_mapping``, ``_layout``, ``_rank_map``, ``_dim_group_names``,
-``DeviceMesh(_layout=, _rank_map=, _root_mesh=, _init_backend=False)``; checked on torch 2.11.0,
-2.12.1 and 2.13.0).
+``device_mesh``; its flattened dims are renamed to accelerate's names by
+``functional_mesh._torch.rename_flattened``, which reads torch's private ``DeviceMesh`` fields as
+the package's other bridges do (checked on torch 2.11.0, 2.12.1 and 2.13.0).
 
 accelerate's ``Accelerator`` asks ``parallelism_config.get_device_mesh(...)``, which returns
 ``parallelism_config.device_mesh`` when it is set, so the one-line hook is :func:`adopt`, before
@@ -187,9 +186,13 @@ def build_device_mesh(parallelism_config: Any, device_type: str | None = None, *
         sizes = " * ".join(f"{n}={s}" for n, s in zip(plan.mesh.axis_names, plan.mesh.axis_sizes, strict=True))
         raise MeshError(f"`{api}` requires sizes whose product is the world size {dist.get_world_size()}, but got "
                         f"{sizes} = {math.prod(plan.mesh.axis_sizes)}")
+    from functional_mesh import _torch  # the one home of torch's privates; it needs torch, mesh_plan does not
+
     rm = fm.realize(plan.mesh, device_type, products=plan.products, **realize_options)
     dm = rm.device_mesh
-    _rename_flattened(dm, plan)
+    # rm.device_mesh holds each product under its dims joined by "_" ("dp_replicate_dp_shard"); accelerate's
+    # cache holds its own names, a single dim's too ("dp_shard_cp" of dp_shard alone), and no other
+    _torch.rename_flattened(dm, plan.flattened)
     return dm
 
 
@@ -210,41 +213,3 @@ def adopt(parallelism_config: Any, device_type: str | None = None, **realize_opt
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
     parallelism_config.device_mesh = build_device_mesh(parallelism_config, device_type, **realize_options)
     return parallelism_config
-
-
-def _rename_flattened(dm: Any, plan: Plan) -> None:
-    """Put accelerate's flattened dims in ``dm``'s flatten cache, over the groups realize made (torch-private).
-
-    ``rm.device_mesh`` holds each realized product under its dims joined by "_"
-    ("dp_replicate_dp_shard"); accelerate names them "dp", "dp_shard_cp", "dp_cp", and flattens a
-    single dim too. Each name gets a flattened mesh with the same layout and group; the joined
-    names accelerate does not make are dropped, so the cache holds what accelerate's holds.
-    """
-    from torch.distributed.device_mesh import DeviceMesh
-
-    made = dm._flatten_mapping
-    named = {}
-    for name, dims in plan.flattened.items():
-        source = dm[dims[0]] if len(dims) == 1 else made["_".join(dims)]
-        layout = _flat_layout(source._layout) if len(dims) == 1 else source._layout
-        flat = DeviceMesh(dm.device_type, _layout=layout, _rank_map=dm._rank_map, mesh_dim_names=(name,),
-                          _root_mesh=dm, _init_backend=False)
-        flat._dim_group_names = list(source._dim_group_names)
-        named[name] = flat
-    made.clear()
-    made.update(named)
-
-
-def _flat_layout(layout: Any) -> Any:
-    """The layout torch's ``_flatten`` gives a mesh of ``layout`` (torch-private ``_MeshLayout``, feature-detected).
-
-    torch >= 2.13: one collapsed flat layout in a list; torch 2.11 and 2.12: ``coalesce()``, nested when
-    it keeps several modes. A flattened dim of one dim needs it: its sliced layout (shape ``(n,)``,
-    stride ``(s,)``) is not what ``_flatten`` makes on 2.11/2.12 (``n:s``), and their ``DeviceMesh``
-    refuses to slice a flattened dim whose stride is not an int ("only allows slicing out a
-    contiguous flattened dim").
-    """
-    if hasattr(layout, "collapse"):
-        return type(layout)([layout.collapse()])
-    flat = layout.coalesce()
-    return flat.nest() if len(flat) > 1 else flat
