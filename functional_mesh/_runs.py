@@ -350,7 +350,9 @@ def ppermute(call: Call) -> torch.Tensor:
         rule = "under torch.compile, one axis or a tuple whose product group was realized"
         raise MeshError(requires(call.api, rule, "axis", call.names) + f"; pass products=[{call.names!r}] to realize",
                         mesh=call.rm.mesh)
-    members = call.rm.mesh[call.names].group_of(call.rm.rank).reshape(-1).tolist()
+    group = call.rm.mesh[call.names].group_of(call.rm.rank)
+    assert group is not None  # call.member() above raised for a rank outside the mesh
+    members = group.reshape(-1).tolist()
     bound = partial(check, axes=call.names, members=members) if check is not None else None
     step = cast(S.Step, S.PointToPoint(tuple(members), me, pairs))  # (mypy misreads the steps: pyproject.toml)
     if call.slot is not None:  # async_op=True: the sends and receives started, or arrived
