@@ -401,7 +401,10 @@ def test_a_rank_killed_before_realize_is_named_by_every_survivor_within_the_env_
     assert [r.rank for r in failed] == [0, 1]
     for r in failed:
         assert r.error_type == "functional_mesh.MeshError", r.describe()
-        assert "ranks [2] did not reach realize call #1 within 2 s" in r.message, r.describe()
+        # the judge's verdict names rank 2; on busy cores a survivor may give up on the verdict first, and then
+        # names rank 2 as not arrived itself (seen at load 15-20)
+        assert re.search(r"ranks \[2\] did not reach realize call #1 within 2 s|got no verdict from rank 0 within 2 s; "
+                         r"ranks not arrived: \[2\]", r.message), r.describe()
     judge = w.reports[0]
     assert judge.seconds >= 2 - 0.5, judge.describe()  # rank 0 really waited the configured time
 
@@ -414,7 +417,8 @@ def test_rank_zero_killed_inside_realize_is_named_by_the_others_after_their_long
     assert [r.rank for r in failed] == [1, 2]
     for r in failed:
         assert r.error_type == "functional_mesh.MeshError", r.describe()
-        assert "got no verdict from rank 0 within 1 s; ranks not arrived: [0]" in r.message, r.describe()
+        # rank 0 among those not arrived (on busy cores a slow survivor may be listed beside it: [0, 1], load 15-20)
+        assert re.search(r"got no verdict from rank 0 within 1 s; ranks not arrived: \[0(, \d)?\]", r.message), r.describe()
         assert r.seconds >= 1 - 0.3, r.describe()  # not before the check wait
 
 
