@@ -1,24 +1,33 @@
-"""The bounded agreement behind realize's divergence check and the collectives' debug mode.
+"""The bounded agreement behind realize's divergence check and the collectives' debug mode, and its wait.
 
 Participants publish what they ask for through the default c10d store; the first participant
 leads: it waits (bounded) for every request, compares them, and publishes a verdict the others
 wait for. A missing or different participant is named on every participant that arrived, as a
 ``MeshError``, instead of a hang in the next collective. Talks to the store only; creates no
 process group.
+
+How long the leader waits is one setting for every agreement: :func:`as_check_timeout` reads
+realize's ``check=`` (or ``$FUNCTIONAL_MESH_CHECK_TIMEOUT``, default 60 s), and the debug check
+and reshard read the environment the same way.
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
+import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import _torch
-from ._errors import MeshError
+from ._errors import MeshError, requires
 
-__all__ = ["agree", "next_call", "restart_numbering"]
+__all__ = ["CHECK_TIMEOUT_ENV", "DEFAULT_CHECK_TIMEOUT_S", "agree", "as_check_timeout", "next_call",
+           "restart_numbering"]
+
+CHECK_TIMEOUT_ENV = "FUNCTIONAL_MESH_CHECK_TIMEOUT"
+DEFAULT_CHECK_TIMEOUT_S = 60.0
 
 #
 # One bounded agreement through the default store serves realize (participants: the whole world)
@@ -33,6 +42,34 @@ _SLACK_S = 5.0  # a follower waits this much (at most half the wait) longer than
 _LAST_PREFIX = "functional_mesh/last"  # + /rank<r>: the last call rank r checked (one key per rank)
 _CALLS: dict[str, int] = {}  # participant set -> agreements this process made in it (under _LOCK)
 _LOCK = threading.Lock()
+
+
+def as_check_timeout(check: bool | float, env: Mapping[str, str], api: str = "realize") -> float | None:
+    """The agreement's wait in seconds: ``None`` when ``check`` is ``False``; ``check`` seconds, else
+    ``$FUNCTIONAL_MESH_CHECK_TIMEOUT`` from ``env``, else 60 s. A pure function of its arguments.
+
+    Raises:
+        TypeError: ``check`` is neither a bool nor a number.
+        MeshError: the seconds (given, or in ``env``) are not a positive, finite number.
+    """
+    if check is False:
+        return None
+    if check is True:
+        raw = env.get(CHECK_TIMEOUT_ENV)
+        if raw is None:
+            return DEFAULT_CHECK_TIMEOUT_S
+        try:
+            value = float(raw)
+        except ValueError:
+            raise MeshError(requires(api, f"a number of seconds in ${CHECK_TIMEOUT_ENV}", CHECK_TIMEOUT_ENV,
+                                     raw)) from None
+    elif isinstance(check, (int, float)) and not isinstance(check, bool):
+        value = float(check)
+    else:
+        raise TypeError(requires(api, "check=True, False or a number of seconds", "check", check))
+    if not 0 < value < math.inf:  # also refuses NaN
+        raise MeshError(requires(api, "a positive, finite check timeout", "check", value))
+    return value
 
 
 def restart_numbering() -> None:

@@ -45,6 +45,7 @@ from torch.overrides import handle_torch_function, has_torch_function
 
 from . import _steps as S
 from . import _torch, _vma
+from ._debug import Check, debug_check, is_check_on
 from ._errors import MeshError, requires
 from ._handle import (Hop, RealizedMesh, check_alive, comm_failure, current_region, hop_of, index_along, recall,
                       remember, resolve_mesh)
@@ -146,14 +147,14 @@ class Call(NamedTuple):
     def fail(self, rule: str, name: str, value: object) -> MeshError:
         return MeshError(requires(self.api, rule, name, value), mesh=self.rm.mesh)
 
-    def debug_check(self) -> S.Check | None:
+    def debug_check(self) -> Check | None:
         """The debug check of this call (``None`` when off): one environment lookup per call."""
-        if S.check_off():
+        if not is_check_on():
             return None
         rec = COLLECTIVES_BY_NAME.get(self.api)
         describe = rec.describe if rec is not None and rec.describe is not None else None
-        return S.debug_check(self.api, self.rm, self.names, self.traced,
-                             (lambda: describe(self)) if describe is not None else str)
+        return debug_check(self.api, self.rm, self.names, self.traced,
+                           (lambda: describe(self)) if describe is not None else str)
 
 
 def member_error(api: str, rm: RealizedMesh) -> MeshError:
@@ -283,7 +284,7 @@ def _issue(fn: Callable[[Call], Any], call: Call) -> Any:
     return pending
 
 
-def apply_step(call: Call, check: S.Check | None, x: torch.Tensor, step: S.Step, hop: Hop) -> torch.Tensor:
+def apply_step(call: Call, check: Check | None, x: torch.Tensor, step: S.Step, hop: Hop) -> torch.Tensor:
     """One step of ``call`` over ``hop``, with its transpose backward.
 
     Eagerly, with no check and no gradient to send back through communication, the step runs as

@@ -31,10 +31,10 @@ from typing import Any
 import torch
 
 from . import _steps as S
-from . import _torch, _vma
+from . import _torch
 from ._errors import MeshError, requires
 
-__all__ = ["Pending", "Slot", "raise_while_tracing"]
+__all__ = ["Pending", "Slot"]
 
 _ISSUE, _STARTED, _REPLAY, _DONE = range(4)  # a slot's states, in order
 
@@ -93,23 +93,11 @@ class Slot:
         if self.state != _STARTED:
             return True
         if self.work is None:
-            raise_while_tracing(False, requires(
+            _torch.raise_while_tracing(False, requires(
                 api, "eager mode for is_completed() (under torch.compile the graph holds the communication and its "
                 "wait, and no Python object sees it run)", "torch.compiler.is_compiling()", True)
                 + "; call wait() instead")
         return bool(self.work.is_completed())
-
-
-@torch.compiler.assume_constant_result
-def raise_while_tracing(vma: bool, message: str) -> None:
-    """Raise, while torch.compile traces, the ``VmaError`` (``vma``) or ``MeshError`` eager mode raises.
-
-    Raised in traced code, torch would report its own "Observed exception" (with ``fullgraph=True``;
-    torch 2.11 always); raised from here, in Python while tracing, it is an instance of our class
-    that torch passes on as it is (the same message; torch appends where in the user's code it
-    happened). The regions raise their type errors so, and :meth:`Pending.is_completed` its own.
-    """
-    raise _torch.trace_time_error(_vma.VmaError if vma else MeshError)(message)
 
 
 class Pending:

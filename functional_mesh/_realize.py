@@ -49,7 +49,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._agree import agree, next_call
+from ._agree import agree, as_check_timeout, next_call
 from ._cache import CACHE, Family, Realized, Request, init_default, read_failures
 from ._errors import MeshError, requires
 from ._handle import RealizedMesh
@@ -59,7 +59,6 @@ from ._realize_plan import (
     as_backend,
     as_timeout,
     axis_report,
-    check_timeout_seconds,
     describe_options,
     describe_request,
     per_axis,
@@ -171,7 +170,7 @@ def realize(
         raise TypeError(requires("realize", "a functional_mesh.Mesh", "mesh", mesh))
     if not isinstance(members_only, bool):
         raise TypeError(requires("realize", "members_only=True or False", "members_only", members_only))
-    wait_s = check_timeout_seconds(check, os.environ)
+    wait_s = as_check_timeout(check, os.environ)
     products_t = product_axes(mesh, products)
     axes_t = realized_axes(mesh, axes)
     keys: list[Any] = [*axes_t, *products_t]

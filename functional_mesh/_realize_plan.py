@@ -2,8 +2,7 @@
 
 What :func:`functional_mesh.realize` decides before and around its effects: how to initialise
 the default group from the torchrun environment, which backend and device type a request
-means, how an axis's missing groups are made, the divergence check's wait, the timeout of new
-groups, the text two ranks compare, and the log lines of a call. ``tests/unit/
+means, how an axis's missing groups are made, the timeout of new groups, the text two ranks compare, and the log lines of a call. ``tests/unit/
 test_realize_decisions.py`` tests them as tables; ``_realize.py`` carries them out.
 """
 
@@ -18,13 +17,11 @@ from ._errors import MeshError, requires
 from ._mesh import Mesh, axis_position, select
 from ._validate import as_name_tuple
 
-__all__ = ["CHECK_TIMEOUT_ENV", "DEFAULT_CHECK_TIMEOUT_S", "INIT_TIMEOUT_ENV", "AxisSettings", "InitPlan", "as_backend", "as_timeout",
-           "axis_report", "check_device_type", "check_timeout_seconds", "creation_method", "describe_options",
+__all__ = ["INIT_TIMEOUT_ENV", "AxisSettings", "InitPlan", "as_backend", "as_timeout",
+           "axis_report", "check_device_type", "creation_method", "describe_options",
            "describe_request", "per_axis", "plan_init", "product_axes", "realized_axes", "resolve_backend"]
 
-CHECK_TIMEOUT_ENV = "FUNCTIONAL_MESH_CHECK_TIMEOUT"
 INIT_TIMEOUT_ENV = "FUNCTIONAL_MESH_INIT_TIMEOUT"  # seconds: the default group's start-up (unset: torch's default)
-DEFAULT_CHECK_TIMEOUT_S = 60.0
 NATURAL_BACKEND = {"cpu": "gloo", "cuda": "nccl"}
 
 
@@ -144,28 +141,6 @@ def creation_method(rows: Sequence[tuple[int, ...]], world_size: int, default_ba
     if default_backend.lower() in ("nccl", "fake") and backend == default_backend.lower() and bound_device and ascending:
         return "split"
     return "new_group"
-
-
-def check_timeout_seconds(check: bool | float, env: Mapping[str, str], api: str = "realize") -> float | None:
-    """The divergence-check wait: ``None`` when off; ``check`` seconds, the env var, or 60 s."""
-    if check is False:
-        return None
-    if check is True:
-        raw = env.get(CHECK_TIMEOUT_ENV)
-        if raw is None:
-            return DEFAULT_CHECK_TIMEOUT_S
-        try:
-            value = float(raw)
-        except ValueError:
-            raise MeshError(requires(api, f"a number of seconds in ${CHECK_TIMEOUT_ENV}", CHECK_TIMEOUT_ENV,
-                                     raw)) from None
-    elif isinstance(check, (int, float)) and not isinstance(check, bool):
-        value = float(check)
-    else:
-        raise TypeError(requires(api, "check=True, False or a number of seconds", "check", check))
-    if not 0 < value < math.inf:  # also refuses NaN
-        raise MeshError(requires(api, "a positive, finite check timeout", "check", value))
-    return value
 
 
 def as_timeout(timeout: object) -> datetime.timedelta | None:

@@ -37,13 +37,13 @@ import torch
 
 from . import _steps as S
 from . import _torch
-from ._agree import agree, next_call
+from ._agree import agree, as_check_timeout, next_call
+from ._debug import CHECK_COLLECTIVES_ENV, is_check_on
 from ._errors import MeshError, requires
 from ._handle import RealizedMesh, comm_failure, hop_of
 from ._mesh import Mesh
 from ._pending import Pending, Slot
 from ._realize import realize
-from ._realize_plan import check_timeout_seconds
 from ._reshard_plan import ShapeDtypeStruct, plan_reshard
 from ._sharding import NamedSharding
 
@@ -110,7 +110,7 @@ def across(xs: list[Any], srcs: list[NamedSharding], dsts: list[NamedSharding], 
         device = torch.device(rm.device_type) if rm is not None else torch.device("cpu")
     meshes = {s.mesh for s in srcs} | {dst_mesh}  # usually two: a state dict's leaves share their meshes
     union = sorted({int(r) for m in meshes for r in m.devices.reshape(-1).tolist()})
-    if not S.check_off():
+    if is_check_on():
         _agree_on_call(union, rank, shapes, dtypes, srcs, dsts, device, bucket_bytes)
     call = _Call()
     call.rank, call.union, call.device = rank, union, device
@@ -208,9 +208,9 @@ def _agree_on_call(union: list[int], rank: int, shapes: Sequence[tuple[int, ...]
     space = "reshard/" + hashlib.sha1(",".join(map(str, union)).encode(), usedforsecurity=False).hexdigest()[:16]
     n = next_call(space)
     where = f"ranks {union}" if len(union) <= 16 else f"{len(union)} ranks"
-    agree(_API, f"every rank of both meshes to make the same call ({S.CHECK_COLLECTIVES_ENV} on)",
+    agree(_API, f"every rank of both meshes to make the same call ({CHECK_COLLECTIVES_ENV} on)",
           f"reshard call #{n} of {where}", f"functional_mesh/reshard/{space}/{n}", union, rank, request,
-          check_timeout_seconds(True, os.environ, _API))
+          as_check_timeout(True, os.environ, _API))
 
 
 def _plan_leaf(x: Any, src: NamedSharding, dst: NamedSharding, shape: tuple[int, ...], dtype: torch.dtype, rank: int,

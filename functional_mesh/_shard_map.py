@@ -37,7 +37,7 @@ from ._call import member_error
 from ._errors import MeshError, requires
 from ._handle import RealizedMesh, current_region, open_region, resolve_mesh
 from ._interpret import TypedMode
-from ._pending import Pending, raise_while_tracing
+from ._pending import Pending
 from ._region import Region
 
 __all__ = ["shard_map", "typeof"]
@@ -176,11 +176,11 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
             return _call(f, mesh, check_vma, in_specs, out_specs, args)
         why = _no_compiled_regions()  # "" where this torch's dynamo traces a region (probed once)
         if why:  # before dynamo meets the mesh: its own error there names none of this
-            raise_while_tracing(False, why)
+            _torch.raise_while_tracing(False, why)
         try:
             return _call(f, mesh, check_vma, in_specs, out_specs, args)
         except MeshError as error:  # a type or boundary error while tracing: the user's error, not torch's
-            raise_while_tracing(isinstance(error, _vma.VmaError), error.args[0])
+            _torch.raise_while_tracing(isinstance(error, _vma.VmaError), error.args[0])
 
     return mapped
 

@@ -50,7 +50,7 @@ never read from the version:
   under torch.compile for all, where ``has_torch_function`` sees tensor subclasses only);
 - ``torch._dynamo.exc.UserError`` (``UserErrorType.INVALID_INPUT``), which dynamo re-raises
   unchanged from a trace: the base of the errors a compiled shard_map raises while tracing
-  (:func:`trace_time_error`).
+  (:func:`trace_time_error`, raised by :func:`raise_while_tracing`).
 - ``torch.compile`` of a miniature region inside a trace (:func:`region_trace_failure`, the feature
   probe behind compiled regions) and ``torch._dynamo.utils.get_chromium_event_logger()``'s
   ``get_stack``/``get_pt2_compile_substack`` (feature-detected), whose events that nested compile
@@ -76,13 +76,15 @@ from torch.distributed.tensor import debug as _DTENSOR_DEBUG
 from torch.distributed.device_mesh import DeviceMesh
 
 from ._errors import MeshError, requires
+from ._vma import VmaError
 
 __all__ = ["PlacementPlan", "abort_groups", "all_gather", "all_gather_start", "all_reduce", "all_reduce_start",
            "all_to_all", "all_to_all_start", "broadcast_prefix", "no_torch_function", "reduce_scatter_start", "wait",
            "can_split", "default_group",
            "default_store", "device_mesh_from_groups", "from_placements", "global_rank", "group_members",
            "group_in_order", "group_name", "group_timeout", "known_groups", "local_tensor", "mesh_parts", "one_rank_group", "op_overload_name", "pytree",
-           "reduce_scatter", "register_flattened", "rename_flattened", "set_group_desc", "to_placements", "torch_function_mode_active",
+           "raise_while_tracing", "reduce_scatter", "register_flattened", "rename_flattened", "set_group_desc",
+           "to_placements", "torch_function_mode_active",
            "trace_time_error", "unregister_flattened"]
 
 # Per mesh axis: None (replicated), (tensor dim, split factor) (a factor of None is Shard(dim), an int
@@ -508,6 +510,18 @@ def trace_time_error(cls: type[MeshError]) -> type[MeshError]:
                                               {"__init__": __init__, "__module__": cls.__module__,
                                                "__str__": lambda self: str(self.args[0])})
     return made
+
+
+@torch.compiler.assume_constant_result
+def raise_while_tracing(vma: bool, message: str) -> None:
+    """Raise, while torch.compile traces, the ``VmaError`` (``vma``) or ``MeshError`` eager mode raises.
+
+    Raised in traced code, torch would report its own "Observed exception" (with ``fullgraph=True``;
+    torch 2.11 always); raised from here, in Python while tracing, it is an instance of our class
+    that torch passes on as it is (the same message; torch appends where in the user's code it
+    happened). The regions raise their type errors so, and ``Pending.is_completed`` its own.
+    """
+    raise trace_time_error(VmaError if vma else MeshError)(message)
 
 
 # Whether a ``TorchFunctionMode`` is active (a typed ``shard_map`` region): private ``torch._C`` API,

@@ -33,8 +33,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # what we take from torch: its objects, its private APIs, what compiled code can read
     "torch boundary": ("_torch", "_context"),
     # process groups and communication: the groups' life, the handle, realize, the collectives, DTensors
-    "effects": ("_agree", "_cache", "_handle", "_steps", "_pending", "_realize", "_call", "_runs", "_collectives",
-                "_reshard", "_interop"),
+    "effects": ("_agree", "_debug", "_cache", "_handle", "_steps", "_pending", "_realize", "_call", "_runs",
+                "_collectives", "_reshard", "_interop"),
     # typed and untyped shard_map regions
     "regions": ("_op_rules", "_region", "_interpret", "_boundary", "_shard_map"),
     # the public names and the command line

@@ -12,11 +12,9 @@ import datetime
 import pytest
 
 from functional_mesh import MeshError, make_mesh
-from functional_mesh._agree import _compare
+from functional_mesh._agree import CHECK_TIMEOUT_ENV, _compare, as_check_timeout
 from functional_mesh._realize_plan import (
-    CHECK_TIMEOUT_ENV,
     InitPlan,
-    check_timeout_seconds,
     creation_method,
     describe_options,
     per_axis,
@@ -116,17 +114,17 @@ def test_creation_method(rows, default, backend, bound, expected):
     [(True, {}, 60.0), (False, {}, None), (5, {}, 5.0), (0.5, {}, 0.5), (True, {CHECK_TIMEOUT_ENV: "7"}, 7.0),
      (3, {CHECK_TIMEOUT_ENV: "7"}, 3.0)],
 )
-def test_check_timeout_seconds(check, env, expected):
-    assert check_timeout_seconds(check, env) == expected
+def test_as_check_timeout(check, env, expected):
+    assert as_check_timeout(check, env) == expected
 
 
 def test_check_timeout_errors():
     with pytest.raises(TypeError, match=r"check=True, False or a number of seconds, but got check='yes'"):
-        check_timeout_seconds("yes", {})
+        as_check_timeout("yes", {})
     with pytest.raises(MeshError, match=r"a positive, finite check timeout, but got check=0.0"):
-        check_timeout_seconds(0, {})
+        as_check_timeout(0, {})
     with pytest.raises(MeshError, match=r"FUNCTIONAL_MESH_CHECK_TIMEOUT=.soon."):
-        check_timeout_seconds(True, {CHECK_TIMEOUT_ENV: "soon"})
+        as_check_timeout(True, {CHECK_TIMEOUT_ENV: "soon"})
 
 
 def test_compare_names_the_ranks_that_differ():
