@@ -5,7 +5,8 @@ two meshes: disjoint, overlapping, or the same devices in another order), a glob
 and returns a :class:`ReshardPlan`: a value that answers, for one rank, what it receives and what it
 sends (:meth:`ReshardPlan.receives`, :meth:`ReshardPlan.sends`), each a tuple of moves (:class:`Move`).
 
-Everything is computed from the two layouts, never by listing the world:
+Everything is computed from the two layouts, never by listing the world (the block arithmetic is
+:mod:`~functional_mesh._reshard_blocks`; this module makes the moves and the plan of it):
 
 - per dim, the source pieces that meet a destination block are found by descending the source's
   nested chunk tree (``torch.chunk``'s rule, the same as :func:`~functional_mesh._sharding.chunk_block`),
@@ -42,9 +43,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import _layout as L
+from . import _reshard_blocks as B
 from ._errors import MeshError, requires
-from ._mesh import axis_layouts
 from ._sharding import NamedSharding, global_shape_of, shape_of
 from ._validate import Frozen, as_bool, as_int
 
@@ -73,201 +73,6 @@ def itemsize_of(api: str, dtype: object) -> int:
     if size < 1:
         raise MeshError(requires(api, "a dtype of at least one byte per element", "dtype.itemsize", size))
     return size
-
-
-# -- one dim: the nested chunk tree (torch.chunk's rule, major axis first) ------------------------------
-
-def _chunk(n: int, sizes: tuple[int, ...], idx: tuple[int, ...]) -> tuple[int, int]:
-    """``[start, stop)`` of the leaf ``idx`` (one index per axis) of ``[0, n)`` split by ``sizes``."""
-    start, length = 0, n
-    for size, i in zip(sizes, idx, strict=True):
-        piece = -(-length // size) if length else 0
-        lo = min(i * piece, length)
-        start, length = start + lo, min(piece, length - lo)
-    return start, start + length
-
-
-def _leaves(n: int, sizes: tuple[int, ...], lo: int, hi: int) -> list[tuple[tuple[int, ...], int, int]]:
-    """The non-empty leaves that meet ``[lo, hi)``, in position order: ``(idx, start, stop)``; only those are visited."""
-    out: list[tuple[tuple[int, ...], int, int]] = []
-    depth = len(sizes)
-
-    def walk(level: int, start: int, length: int, idx: tuple[int, ...]) -> None:
-        if level == depth:
-            out.append((idx, start, start + length))
-            return
-        piece = -(-length // sizes[level])
-        first = max(0, (lo - start) // piece)
-        last = min(sizes[level] - 1, (hi - 1 - start) // piece)
-        for i in range(first, last + 1):
-            at = i * piece
-            if at >= length:
-                break
-            walk(level + 1, start + at, min(piece, length - at), idx + (i,))
-
-    if lo < hi and n > 0:
-        walk(0, 0, n, ())
-    return out
-
-
-def _nonempty(length: int, sizes: tuple[int, ...], level: int) -> int:
-    """How many non-empty leaves a node of ``length`` at ``level`` has (its children: equal but the last)."""
-    if length == 0:
-        return 0
-    if level == len(sizes):
-        return 1
-    piece = -(-length // sizes[level])
-    k = -(-length // piece)
-    return (k - 1) * _nonempty(piece, sizes, level + 1) + _nonempty(length - piece * (k - 1), sizes, level + 1)
-
-
-def _count_before(n: int, sizes: tuple[int, ...], x: int) -> int:
-    """How many non-empty leaves end at or before ``x``: one path down the tree, O(depth²)."""
-    count, start, length = 0, 0, n
-    for level, size in enumerate(sizes):
-        if length == 0 or x <= start:
-            return count
-        if x >= start + length:
-            return count + _nonempty(length, sizes, level)
-        piece = -(-length // size)
-        f = (x - start) // piece  # the child holding x; the ones before it are all full-size
-        count += f * _nonempty(piece, sizes, level + 1)
-        start, length = start + f * piece, min(piece, length - f * piece)
-    return count + (1 if length and start + length <= x else 0)
-
-
-def _piece_lists(shape: tuple[int, ...], sizes: tuple[tuple[int, ...], ...],
-                 block: list[tuple[int, int]]) -> list[tuple[tuple[int, tuple[tuple[int, ...], int, int]], ...]]:
-    """Per dim, the leaves of a split that meet ``block``: ``(rank among those meeting it, (idx, start, stop))``."""
-    return [tuple(enumerate(_leaves(n, s, lo, hi))) for n, s, (lo, hi) in zip(shape, sizes, block, strict=True)]
-
-
-def _pieces(shape: tuple[int, ...], sizes: tuple[tuple[int, ...], ...], block: list[tuple[int, int]]):
-    """The pieces of a split that meet ``block``, row-major over the dims: per dim ``(rank, (idx, start, stop))``."""
-    return itertools.product(*_piece_lists(shape, sizes, block))
-
-
-def _root(k: int, count: int, replicas: int) -> int:
-    """The replica at the root of the tree of piece ``k`` of the ``count`` meeting a block: ``(k * R) // count``.
-
-    Fewer pieces than replicas: the roots lie ``R / count`` apart. More: each replica roots ``count / R`` of
-    them, consecutive pieces together."""
-    return k * replicas // count
-
-
-def _linear(idx: tuple[int, ...], sizes: tuple[int, ...]) -> int:
-    value = 0
-    for i, s in zip(idx, sizes, strict=True):
-        value = value * s + i
-    return value
-
-
-# -- one side of the plan: a sharding read as split and replica coordinates -----------------------------
-
-class _Side:
-    """A sharding's layout, read once: per dim the mesh axes that split it, and the replica axes."""
-
-    __slots__ = ("mesh", "dims", "sizes", "replica_axes", "replica_sizes", "replicas", "modes", "devices",
-                 "ndim_mesh")
-
-    def __init__(self, sharding: NamedSharding, ndim: int) -> None:
-        mesh = sharding.mesh
-        position = {n: i for i, n in enumerate(mesh.axis_names)}
-        axis_sizes = mesh.axis_sizes
-        self.mesh = mesh
-        self.dims = tuple(tuple(position[a] for a in sharding.spec.axes_of(d)) for d in range(ndim))
-        self.sizes = tuple(tuple(axis_sizes[p] for p in axes) for axes in self.dims)
-        split = {p for axes in self.dims for p in axes}
-        self.replica_axes = tuple(i for i in range(mesh.ndim) if i not in split)
-        self.replica_sizes = tuple(axis_sizes[i] for i in self.replica_axes)
-        self.replicas = math.prod(self.replica_sizes)
-        self.modes = tuple(lay.modes for lay in axis_layouts(mesh))
-        self.devices = mesh.device_list
-        self.ndim_mesh = mesh.ndim
-
-    def split(self, coord: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-        return tuple(tuple(coord[p] for p in axes) for axes in self.dims)
-
-    def replica(self, coord: tuple[int, ...]) -> int:
-        value = 0
-        for p, s in zip(self.replica_axes, self.replica_sizes, strict=True):
-            value = value * s + coord[p]
-        return value
-
-    def split_position(self, split: tuple[tuple[int, ...], ...]) -> int:
-        """The split coordinates' part of a position in the device list."""
-        modes, pos = self.modes, 0
-        for axes, idx in zip(self.dims, split, strict=True):
-            for p, i in zip(axes, idx, strict=True):
-                pos += L.modes_value(modes[p], i)
-        return pos
-
-    def replica_position(self, replica: int) -> int:
-        """The replica index's part of a position in the device list."""
-        modes, pos = self.modes, 0
-        for p, s in zip(reversed(self.replica_axes), reversed(self.replica_sizes), strict=True):
-            replica, c = divmod(replica, s)
-            pos += L.modes_value(modes[p], c)
-        return pos
-
-    def rank_of(self, split: tuple[tuple[int, ...], ...], replica: int) -> int:
-        """The global rank at split coordinates ``split`` and replica index ``replica``: O(axes)."""
-        return self.devices[self.split_position(split) + self.replica_position(replica)]
-
-    def block(self, shape: tuple[int, ...], split: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:
-        return [_chunk(n, sizes, idx) for n, sizes, idx in zip(shape, self.sizes, split, strict=True)]
-
-    def blocks_of(self, shape: tuple[int, ...], ranks: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per dim, ``[start, stop)`` of the blocks of ``ranks`` (all devices of this mesh), as arrays."""
-        devices = self.devices
-        if devices.is_symbolic:
-            step = devices[1] - devices[0] if len(devices) > 1 else 1
-            positions = (ranks - devices[0]) // step
-        else:
-            array = devices.to_array()
-            order = np.argsort(array, kind="stable")
-            positions = order[np.searchsorted(array[order], ranks)]
-        coords = [L.digits_value(m, positions) for m in self.modes]
-        out = []
-        for n, axes in zip(shape, self.dims, strict=True):
-            start, length = np.zeros(ranks.size, dtype=np.int64), np.full(ranks.size, n, dtype=np.int64)
-            for p in axes:
-                size = self.mesh.axis_sizes[p]
-                piece = -(-length // size)
-                lo = np.minimum(coords[p] * piece, length)
-                start, length = start + lo, np.minimum(piece, length - lo)
-            out.append((start, start + length))
-        return out
-
-    def piece_offset(self, split: tuple[tuple[int, ...], ...]) -> int:
-        value = 0
-        for idx, sizes in zip(split, self.sizes, strict=True):
-            value = value * math.prod(sizes) + _linear(idx, sizes)
-        return value
-
-
-def _bounds(devices) -> tuple[int, int]:
-    """The smallest and largest rank of a non-empty device list: O(1) for a range."""
-    if devices.is_symbolic:
-        a, b = devices[0], devices[len(devices) - 1]
-        return min(a, b), max(a, b)
-    array = devices.to_array()
-    return int(array.min()), int(array.max())
-
-
-def _common_ranks(a, b) -> np.ndarray:
-    """The ranks in both device lists: O(1) when their spans are apart, else O(the smaller list)."""
-    (alo, ahi), (blo, bhi) = _bounds(a), _bounds(b)
-    if ahi < blo or bhi < alo:
-        return np.zeros(0, dtype=np.int64)
-    small, large = (a, b) if len(a) <= len(b) else (b, a)
-    ranks = small.to_array()
-    ranks = ranks[(ranks >= max(alo, blo)) & (ranks <= min(ahi, bhi))]
-    if large.is_symbolic and len(large) > 1:
-        start, step = large[0], large[1] - large[0]
-        q, r = np.divmod(ranks - start, step)
-        return ranks[(r == 0) & (q >= 0) & (q < len(large))]
-    return ranks[np.isin(ranks, large.to_array())]
 
 
 class _PlanRanks:
@@ -413,8 +218,8 @@ class ReshardPlan(Frozen):
 
     def __init__(self, src: NamedSharding, dst: NamedSharding, shape: tuple[int, ...], dtype: object,
                  itemsize: int, relays: bool) -> None:  # plan_reshard validates
-        s, d = _Side(src, len(shape)), _Side(dst, len(shape))
-        (alo, ahi), (blo, bhi) = _bounds(s.devices), _bounds(d.devices)
+        s, d = B.Side(src, len(shape)), B.Side(dst, len(shape))
+        (alo, ahi), (blo, bhi) = B.bounds(s.devices), B.bounds(d.devices)
         for name, value in (("src", src), ("dst", dst), ("shape", shape), ("dtype", dtype), ("itemsize", itemsize),
                             ("relays", relays), ("_s", s), ("_d", d),
                             ("_levels", (d.replicas - 1).bit_length() if relays else 0),
@@ -506,18 +311,18 @@ class ReshardPlan(Frozen):
               piece: list[tuple[int, int]]) -> int:
         """The destination block's rank among the blocks that meet the piece, summed over dims."""
         d = self._d
-        return sum(_count_before(n, sizes, b0) - _count_before(n, sizes, p0)
+        return sum(B.count_before(n, sizes, b0) - B.count_before(n, sizes, p0)
                    for n, sizes, (b0, _), (p0, _) in zip(self.shape, d.sizes, block, piece, strict=True))
 
     def _tree_root(self, block: list[tuple[int, int]], piece: list[tuple[int, int]]) -> int:
-        """The replica at the root of the piece's tree in the block: :func:`_root` of the piece's row-major rank
-        among the source pieces that meet the block (the order of ``_pieces``, counted here without listing them)."""
+        """The replica at the root of the piece's tree in the block: :func:`B.relay_root` of the piece's row-major rank
+        among the source pieces that meet the block (the order of ``B.pieces``, counted here without listing them)."""
         k, count = 0, 1
         for n, sizes, (b0, b1), (p0, _) in zip(self.shape, self._s.sizes, block, piece, strict=True):
-            first = _count_before(n, sizes, b0)  # the leaves before the block; then the ones that meet it
-            meet = _count_before(n, sizes, b1 - 1) + 1 - first
-            k, count = k * meet + _count_before(n, sizes, p0) - first, count * meet
-        return _root(k, count, self._d.replicas)
+            first = B.count_before(n, sizes, b0)  # the leaves before the block; then the ones that meet it
+            meet = B.count_before(n, sizes, b1 - 1) + 1 - first
+            k, count = k * meet + B.count_before(n, sizes, p0) - first, count * meet
+        return B.relay_root(k, count, self._d.replicas)
 
     def _source_holder(self, piece: tuple[tuple[int, ...], ...], unit: int) -> int:
         s = self._s
@@ -564,7 +369,7 @@ class ReshardPlan(Frozen):
         tree = self.relays and d.replicas > 1
         out = []
         base = d.split_position(b)
-        lists = _piece_lists(shape, s.sizes, block)
+        lists = B.piece_lists(shape, s.sizes, block)
         count = math.prod(len(x) for x in lists)
         for k, combo in enumerate(itertools.product(*lists)):
             piece = tuple(leaf[0] for _, leaf in combo)
@@ -573,7 +378,7 @@ class ReshardPlan(Frozen):
                 out.append(self._move(rank, rank, block, bounds, 0))
                 continue
             if tree:
-                root = _root(k, count, d.replicas)  # k: the piece's row-major rank among those meeting the block
+                root = B.relay_root(k, count, d.replicas)  # k: the piece's row-major rank among those meeting the block
                 at = (j - root) % d.replicas
                 if at:
                     stage = at.bit_length()
@@ -633,7 +438,7 @@ class ReshardPlan(Frozen):
             block = d.block(shape, d.split(dcoord))
             if all(max(a0, b0) < min(a1, b1) for (a0, a1), (b0, b1) in zip(block, bounds, strict=True)):
                 out.append(self._move(rank, rank, block, bounds, 0))
-        per_dim = [_leaves(n, sizes, lo, hi) for n, sizes, (lo, hi) in zip(shape, d.sizes, bounds, strict=True)]
+        per_dim = [B.leaves(n, sizes, lo, hi) for n, sizes, (lo, hi) in zip(shape, d.sizes, bounds, strict=True)]
         target = (r - s.piece_offset(piece)) % s.replicas
         tree = self.relays
         for head in itertools.product(*[enumerate(x) for x in per_dim[:-1]]):
@@ -668,12 +473,12 @@ class ReshardPlan(Frozen):
             return []
         out = []
         base = d.split_position(b)
-        lists = _piece_lists(shape, s.sizes, block)
+        lists = B.piece_lists(shape, s.sizes, block)
         count = math.prod(len(x) for x in lists)
         for k, combo in enumerate(itertools.product(*lists)):
             piece = tuple(leaf[0] for _, leaf in combo)
             bounds = [(lo, hi) for _, (_, lo, hi) in combo]
-            root = _root(k, count, d.replicas)
+            root = B.relay_root(k, count, d.replicas)
             at = (j - root) % d.replicas
             mine = self._holds(rank, piece)  # then it sends in stage 0, as a source holder
             for stage in range(at.bit_length() + 1, self._levels + 1):
@@ -706,7 +511,7 @@ class ReshardPlan(Frozen):
         apart)."""
         if "bytes_moved" not in self._cache:
             total = self._d.replicas * math.prod(self.shape)  # the destination blocks tile the tensor
-            common = _common_ranks(self._s.devices, self._d.devices)
+            common = B.common_ranks(self._s.devices, self._d.devices)
             local = np.ones(common.size, dtype=np.int64)
             if common.size:  # what each rank of both meshes holds of its own block, all at once
                 mine, held = self._d.blocks_of(self.shape, common), self._s.blocks_of(self.shape, common)
@@ -722,7 +527,7 @@ class ReshardPlan(Frozen):
         When no rank is in both meshes, arithmetic per source piece and per destination block (no move is
         listed); otherwise read off :attr:`moves`."""
         if "max_send_bytes" not in self._cache:
-            if self._apart or _common_ranks(self._s.devices, self._d.devices).size == 0:
+            if self._apart or B.common_ranks(self._s.devices, self._d.devices).size == 0:
                 self._cache["max_send_bytes"] = max(self._source_loads(), self._relay_loads()) * self.itemsize
             else:
                 sent: dict[int, int] = {}
@@ -736,12 +541,12 @@ class ReshardPlan(Frozen):
         """The most elements one source rank sends (meshes apart: no receiver holds anything)."""
         d, s, shape = self._d, self._s, self.shape
         best = 0
-        for piece in _pieces(shape, s.sizes, [(0, n) for n in shape]):
+        for piece in B.pieces(shape, s.sizes, [(0, n) for n in shape]):
             split = tuple(leaf[0] for _, leaf in piece)
             bounds = [(lo, hi) for _, (_, lo, hi) in piece]
             units, sizes = np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64)
             for n, dsizes, (lo, hi) in zip(shape, d.sizes, bounds, strict=True):
-                leaves = _leaves(n, dsizes, lo, hi)
+                leaves = B.leaves(n, dsizes, lo, hi)
                 units = np.add.outer(units, np.arange(len(leaves), dtype=np.int64)).ravel()
                 sizes = np.multiply.outer(sizes, np.array([min(hi, b) - max(lo, a) for _, a, b in leaves],
                                                           dtype=np.int64)).ravel()
@@ -774,13 +579,13 @@ class ReshardPlan(Frozen):
             return 0
         widths = [min(1 << m, replicas - (1 << m)) for m in range(self._levels)]
         best = 0
-        for block in _pieces(shape, d.sizes, [(0, n) for n in shape]):
+        for block in B.pieces(shape, d.sizes, [(0, n) for n in shape]):
             bounds = [(lo, hi) for _, (_, lo, hi) in block]
-            lists = _piece_lists(shape, s.sizes, bounds)
+            lists = B.piece_lists(shape, s.sizes, bounds)
             count = math.prod(len(x) for x in lists)
             per_root: dict[int, int] = {}  # elements of the pieces rooted at each replica
             for k, combo in enumerate(itertools.product(*lists)):
-                r = _root(k, count, replicas)
+                r = B.relay_root(k, count, replicas)
                 per_root[r] = per_root.get(r, 0) + math.prod(
                     min(hi, b) - max(lo, a) for (_, (_, a, b)), (lo, hi) in zip(combo, bounds, strict=True))
             if not per_root:

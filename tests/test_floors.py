@@ -27,7 +27,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # plain values and their algebra, pure functions of them (no torch)
     "pure values": ("_errors", "_validate", "_layout", "layout", "_devices", "_mesh", "_mesh_shape",
                     "_mesh_transforms", "_mesh_groups", "_sharding", "_order", "_visualize", "_realize_plan",
-                    "_reshard_plan"),
+                    "_reshard_blocks", "_reshard_plan"),
     # the varying-axes types and their rules (no torch)
     "pure types": ("_vma",),
     # what we take from torch: its objects, its private APIs, what compiled code can read

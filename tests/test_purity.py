@@ -47,7 +47,8 @@ PURE_MODULES = ["functional_mesh", "functional_mesh.layout", "functional_mesh._e
                 "functional_mesh._layout", "functional_mesh._devices", "functional_mesh._mesh_shape",
                 "functional_mesh._mesh_transforms", "functional_mesh._mesh_groups", "functional_mesh._mesh",
                 "functional_mesh._sharding", "functional_mesh._order", "functional_mesh._visualize",
-                "functional_mesh._realize_plan", "functional_mesh._reshard_plan", "functional_mesh._vma",
+                "functional_mesh._realize_plan", "functional_mesh._reshard_blocks", "functional_mesh._reshard_plan",
+                "functional_mesh._vma",
                 "functional_mesh.__main__"]
 
 
