@@ -1,9 +1,8 @@
 """How a benchmark runs: its options and run record, workers in fresh interpreters, gloo pools, timing, group counting.
 
-A worker is a function of the benchmark script, called in a new interpreter as
-``python <script> --worker '<json spec>'``; it prints one JSON line, its result. Every side of a
-comparison runs in its own worker, so no import, cache or process group carries over. What a
-benchmark emits, and how it is rendered, is ``_report``'s.
+A worker is a function of the script, run in a new interpreter (``python <script> --worker '<json spec>'``)
+that prints one JSON line, its result: every side of a comparison gets its own, so no import, cache
+or process group carries over. What a benchmark emits, and how it is rendered, is ``_report``'s.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import gc
 import importlib.metadata
 import json
 import os
@@ -19,6 +19,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,6 @@ def revision() -> str:
     """The tree measured (call it at the start): its commit, and whether ``functional_mesh/`` differs from it."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=R.REPO, capture_output=True, text=True).stdout.strip()
-
     dirty = git("status", "--porcelain", "--", "functional_mesh")
     return f"tree: commit {git('rev-parse', '--short', 'HEAD')}" + (
         ", functional_mesh/ with uncommitted changes" if dirty else "")
@@ -88,9 +88,9 @@ def serve(workers: dict[str, Callable[..., Any]]) -> None:
 
 
 def _start(script: str, spec: dict[str, Any], env: dict[str, str] | None = None) -> subprocess.Popen:
-    full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
     return subprocess.Popen([sys.executable, script, "--worker", json.dumps(spec)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=full_env)
+                            stderr=subprocess.PIPE, text=True, env=env)
 
 
 def _collect(procs: Sequence[subprocess.Popen], timeout_s: float) -> list[Any]:
@@ -119,8 +119,7 @@ def run_pool(script: str, spec: dict[str, Any], world: int, timeout_s: float = 6
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    return _collect([_start(script, {**spec, "rank": r, "world": world, "port": port}) for r in range(world)],
-                    timeout_s)
+    return _collect([_start(script, {**spec, "rank": r, "world": world, "port": port}) for r in range(world)], timeout_s)
 
 
 def alternate(sides: Sequence[str], rounds: int) -> Iterator[str]:
@@ -131,21 +130,16 @@ def alternate(sides: Sequence[str], rounds: int) -> Iterator[str]:
 
 def rotated_samples(calls: dict[str, Callable[[], Any]], reps: int, warmup: int, *, number: int = 1,
                     barrier: bool = True, clock: Callable[[], int] | None = None) -> dict[str, list[float]]:
-    """Per call, ``reps`` timings (ns per call) of ``number`` calls each, taken round-robin in a rotating order.
+    """Per call, ``reps`` timings (ns per call) of ``number`` calls each, round-robin in a rotating order.
 
-    ``dist.barrier()`` before each block lines the ranks up (a collective's time is the slowest
-    rank's; ``barrier=False`` in one process); every series comes first, second, ... equally
-    often; warm-up rounds are dropped; the cyclic GC is off while timing. ``clock``: wall time
-    (``time.perf_counter_ns``) unless given, e.g. ``time.process_time_ns``, the CPU time of this
-    process, which other jobs on a loaded machine disturb far less.
+    Every series comes first, second, ... equally often; warm-up rounds are dropped; the cyclic GC
+    is off. ``dist.barrier()`` before each block lines the ranks up (``barrier=False`` in one
+    process). ``clock``: wall time unless given, e.g. ``time.process_time_ns`` (this process's CPU
+    time, which other jobs on a loaded machine disturb far less).
     """
-    import gc
-    import time
-
     import torch.distributed as dist
 
     clock = clock or time.perf_counter_ns
-
     names = list(calls)
     samples: dict[str, list[float]] = {name: [] for name in names}
     gc.collect()
@@ -167,8 +161,6 @@ def rotated_samples(calls: dict[str, Callable[[], Any]], reps: int, warmup: int,
 
 
 def init_gloo(rank: int, world: int, port: int) -> None:
-    import datetime
-
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -205,12 +197,11 @@ class GroupCalls:
     def _wrap(self, real: Callable[..., Any], name: str) -> Callable[..., Any]:
         def counted(*args: Any, **kwargs: Any) -> Any:
             if name == "new_group":
-                self.requested.append(tuple(kwargs.get("ranks", args[0] if args else None) or ()))
+                asked = tuple(kwargs.get("ranks", args[0] if args else None) or ())
             else:  # split_group(parent_pg, split_ranks, ...)
-                split = kwargs.get("split_ranks", args[1] if len(args) > 1 else None) or ()
-                self.requested.append(tuple(map(tuple, split)))
-            group = real(*args, **kwargs)
-            self.groups.append(group)
+                asked = tuple(map(tuple, kwargs.get("split_ranks", args[1] if len(args) > 1 else None) or ()))
+            self.requested.append(asked)
+            self.groups.append(group := real(*args, **kwargs))
             return group
         return counted
 

@@ -1,14 +1,10 @@
 """Typed benchmark records and the one writer that renders them as markdown tables.
 
-A benchmark measures and emits records (``_harness`` runs it): one :class:`Run` (the command and the machine), one
-:class:`Table` per table (its title, the header of its first column, which ratios of columns to
-show) and one :class:`Result` per figure. ``--out FILE`` writes them as JSON lines; this module
-renders them, nothing else does::
-
-    .venv/bin/python benchmarks/_report.py benchmarks/results/realize.jsonl                     # print
-    .venv/bin/python benchmarks/_report.py benchmarks/results/realize.jsonl --docs docs/benchmarks.md
-
-``--docs`` replaces the text between ``<!-- BEGIN <bench> ... -->`` and ``<!-- END <bench> -->``.
+A benchmark (``_harness`` runs it) emits one :class:`Run` (command, machine), one :class:`Table` per
+table (title, first column's header, the ratios shown) and one :class:`Result` per figure;
+``--out FILE`` writes them as JSON lines. Only this module renders them:
+``benchmarks/_report.py FILE.jsonl`` prints, ``--docs docs/benchmarks.md`` replaces the text between
+``<!-- BEGIN <bench> ... -->`` and ``<!-- END <bench> -->``.
 """
 
 from __future__ import annotations
@@ -157,13 +153,10 @@ def render_table(table: Table, results: Sequence[Result]) -> str:
     body = []
     for row in rows:
         cells = [row] + [fmt(cell[row, c].value, cell[row, c].unit) if (row, c) in cell else "" for c in columns]
-        for num, den, _ in table.ratios:
-            a, b = cell.get((row, num)), cell.get((row, den))
-            cells.append(fmt(a.value / b.value, "x") if a and b and b.value else "")
-        for num, den, _ in table.differences:
-            a, b = cell.get((row, num)), cell.get((row, den))
-            cells.append(fmt(a.value - b.value, a.unit) if a and b else "")
-        body.append(cells)
+        pairs = [(cell.get((row, n)), cell.get((row, d))) for n, d, _ in table.ratios]
+        cells += [fmt(a.value / b.value, "x") if a and b and b.value else "" for a, b in pairs]
+        pairs = [(cell.get((row, n)), cell.get((row, d))) for n, d, _ in table.differences]
+        body.append(cells + [fmt(a.value - b.value, a.unit) if a and b else "" for a, b in pairs])
     headers = [table.row_header, *columns, *(header for _, _, header in (*table.ratios, *table.differences))]
     return f"### {table.title}\n\n{markdown(headers, body)}"
 
@@ -197,11 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     for path in args.files:  # one run per file; a later file of the same benchmark wins
         records = load([path])
-        text = render(records)
         if args.docs:
-            replace_section(args.docs, next(r.bench for r in records if isinstance(r, Run)), text)
+            replace_section(args.docs, next(r.bench for r in records if isinstance(r, Run)), render(records))
         else:
-            print(text + "\n")
+            print(render(records) + "\n")
     return 0
 
 

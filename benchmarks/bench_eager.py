@@ -1,31 +1,27 @@
 #!/usr/bin/env python
 """Eager dispatch: what our collectives, regions and a TP + SP block cost over the torch they run.
 
-One process, rank 0 of a world of 8 under torch's single-process fake backend
-(``_harness.init_fake``): collectives carry no data, so the values are meaningless but every
-figure is the Python and dispatcher cost a real job pays on top of its communication. Mesh
-``(2, 4)`` ``("dp", "tp")``, axis ``tp``; regions and the block run on its ``tp`` selection. float32.
+Rank 0 of a world of 8 under torch's single-process fake backend (``_harness.init_fake``):
+collectives carry no data, so the values mean nothing, but every figure is the Python and
+dispatcher cost a real job pays on top of its communication. Mesh ``(2, 4)`` ``("dp", "tp")``;
+regions and the block run on its ``tp`` selection; float32. The parts (``--only``):
 
-- collectives: each ``fm`` collective against the raw c10d call it makes (bench_collectives.pairs),
-  4 KB and 4 MB;
-- region: ``h = tanh(h * w)`` 100 times on an 8 x 16 shard (DTensors ``(32, 16)``, ``P("tp")``) in
-  ``fm.shard_map`` typed and untyped, against the plain body on the local shards; and an identity
+- collectives: each ``fm`` collective against the raw c10d call it makes (bench_collectives.pairs), 4 KB, 4 MB;
+- regions: ``h = tanh(h * w)`` 100 times on an 8 x 16 shard (DTensors ``(32, 16)``, ``P("tp")``) in a
+  typed and an untyped ``fm.shard_map`` against the plain body on the local shards; an identity
   region's boundary against ``to_local`` + ``DTensor.from_local``;
-- mixed types: the same body 50 times (100 ops) with ``w`` an invariant weight (``P()``, an 8 x 16
-  DTensor): every ``h * w`` meets a varying and an invariant operand, so the region casts ``w``
-  (once: the cast is reused);
-- unreduced row parallel: ``y = pcast(h @ w, "tp", to="unreduced")`` (``h`` split by columns,
-  ``w`` by rows), a few linear ops on the pending sum, ``psum_scatter`` over ``tp``; against the
-  same ops on the local shards with ``fm.psum_scatter`` outside any region (skipped, with a note,
-  on a tree without ``to="unreduced"``);
-- block: a Megatron tensor + sequence parallel transformer block (attention and MLP, forward and
-  backward; ``all_gather`` of S before the column-parallel matmuls, ``psum_scatter`` after the
-  row-parallel ones) in ``fm.shard_map`` typed and untyped, against the same block by hand: raw
-  c10d calls in ``autograd.Function``s, as a Megatron user writes them, and fm collectives.
+- mixed: the body 50 times with ``w`` an invariant weight (``P()``): each ``h * w`` meets two types,
+  so the region casts ``w`` (once: the cast is reused);
+- unreduced: ``y = pcast(h @ w, "tp", to="unreduced")``, a few linear ops on the pending sum, then
+  ``psum_scatter``; against the same ops by hand with ``fm.psum_scatter`` (skipped, with a note,
+  where ``to="unreduced"`` is refused);
+- block: a Megatron tensor + sequence parallel transformer block, forward and backward, in
+  ``fm.shard_map`` typed and untyped, against the block by hand: raw c10d calls in
+  ``autograd.Function``s, as a Megatron user writes them, and fm collectives.
 
-Series of one row rotate their order every repetition (``_harness.rotated_samples``, no barrier),
-the cyclic GC off; a sample is this process's CPU time per call over a block of calls; figures are
-medians of the same run, ratios divide them.
+Series of one row rotate their order every repetition (``_harness.rotated_samples``, no barrier,
+the cyclic GC off); a sample is this process's CPU time per call over a block of calls; figures
+are medians of one run, ratios divide them.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_eager.py --quick
 """
@@ -39,20 +35,15 @@ from typing import Any
 import _harness as H  # this folder is sys.path[0] when a script here runs
 import _report as R
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+from _tp_block import BLOCK, SHAPES, block_calls, torch_calls
 from bench_collectives import SIZES, pairs
 from torch.distributed.tensor import DTensor
-from torch.overrides import TorchFunctionMode
 
 import functional_mesh as fm
 from functional_mesh import P
 
 BENCH = "bench_eager"
 RAW, RAW2 = "raw", "raw, 2nd series"
-BLOCK = ("hand, raw c10d", "hand, fm collectives", "hand, raw c10d, DTensor in and out", "shard_map typed",
-         "shard_map untyped")
-SHAPES = {"small": (4, 16, 32, 64, 4), "medium": (8, 256, 256, 1024, 8)}  # (B, S, D, F, heads)
 PARTS = ("collectives", "regions", "mixed", "unreduced", "block")  # --only
 
 
@@ -79,51 +70,49 @@ def per_op(bench_rows: dict[str, list[float]], table: str, what: str, ops: int) 
     return out
 
 
-def region_rows(tp: Any, reps: int, warmup: int) -> list[R.Result]:
-    g = torch.Generator().manual_seed(0)
-    sharding = fm.NamedSharding(tp.mesh, P("tp"))
-    x, w = (fm.distribute(torch.randn(32, 16, generator=g), sharding, mesh=tp) for _ in range(2))
-    xl, wl = x.to_local(), w.to_local()
+def randn(tp: Any, seed: int, *shaped: tuple[tuple[int, ...], Any]) -> list[Any]:
+    """DTensors on ``tp`` of the global shapes and specs ``shaped``, from one seeded generator."""
+    g = torch.Generator().manual_seed(seed)
+    return [fm.distribute(torch.randn(*shape, generator=g), fm.NamedSharding(tp.mesh, spec), mesh=tp)
+            for shape, spec in shaped]
 
+
+def three_sides(tp: Any, body: Any, args: list[Any], specs: tuple[Any, ...], plain: Any, reps: int,
+                warmup: int) -> dict[str, list[float]]:
+    """``plain()`` against ``body`` in a typed and an untyped region over ``args``."""
+    typed, untyped = (fm.shard_map(body, in_specs=specs, out_specs=P("tp"), mesh=tp, check_vma=c) for c in (True, False))
+    return timed({"plain": plain, "typed": lambda: typed(*args), "untyped": lambda: untyped(*args)}, reps, warmup)
+
+
+def tanh_loop(k: int) -> Any:
+    """``h = tanh(h * w)`` ``k`` times: ``2 k`` torch ops."""
     def body(h: Any, w: Any) -> Any:
-        for _ in range(100):
+        for _ in range(k):
             h = torch.tanh(h * w)
         return h
+    return body
 
-    typed, untyped = (fm.shard_map(body, in_specs=(P("tp"), P("tp")), out_specs=P("tp"), mesh=tp, check_vma=c)
-                      for c in (True, False))
-    region = timed({"plain": lambda: body(xl, wl), "typed": lambda: typed(x, w), "untyped": lambda: untyped(x, w)},
-                   reps, warmup)
-    out = per_op(region, "region", "one type", 200)
 
+def region_rows(tp: Any, reps: int, warmup: int) -> list[R.Result]:
+    x, w = randn(tp, 0, ((32, 16), P("tp")), ((32, 16), P("tp")))
+    xl, wl, body = x.to_local(), w.to_local(), tanh_loop(100)
+    out = per_op(three_sides(tp, body, [x, w], (P("tp"), P("tp")), lambda: body(xl, wl), reps, warmup),
+                 "region", "one type", 200)
     dm, placements = tp.device_mesh, x.placements
     ident = {c: fm.shard_map(lambda a: a, in_specs=P("tp"), out_specs=P("tp"), mesh=tp, check_vma=c)
              for c in (True, False)}
     boundary = timed({
         "to_local + from_local": lambda: DTensor.from_local(x.to_local(), dm, placements, run_check=False),
         "typed": lambda: ident[True](x), "untyped": lambda: ident[False](x)}, reps, warmup, 10)
-    out += [R.measured(BENCH, "boundary", "identity region, one (32, 16) DTensor P('tp')", k, v)
-            for k, v in boundary.items()]
-    return out
-
-
-def mixed_body(h: Any, w: Any) -> Any:
-    """100 torch ops, half of them with a varying and an invariant operand (``w``)."""
-    for _ in range(50):
-        h = torch.tanh(h * w)
-    return h
+    return out + [R.measured(BENCH, "boundary", "identity region, one (32, 16) DTensor P('tp')", k, v)
+                  for k, v in boundary.items()]
 
 
 def mixed_rows(tp: Any, reps: int, warmup: int) -> list[R.Result]:
-    g = torch.Generator().manual_seed(1)
-    x = fm.distribute(torch.randn(32, 16, generator=g), fm.NamedSharding(tp.mesh, P("tp")), mesh=tp)
-    w = fm.distribute(torch.randn(8, 16, generator=g), fm.NamedSharding(tp.mesh, P()), mesh=tp)  # invariant
-    xl, wl = x.to_local(), w.to_local()
-    typed, untyped = (fm.shard_map(mixed_body, in_specs=(P("tp"), P()), out_specs=P("tp"), mesh=tp, check_vma=c)
-                      for c in (True, False))
-    samples = timed({"plain": lambda: mixed_body(xl, wl), "typed": lambda: typed(x, w),
-                     "untyped": lambda: untyped(x, w)}, reps, warmup)
-    return per_op(samples, "mixed", "invariant w", 100)
+    x, w = randn(tp, 1, ((32, 16), P("tp")), ((8, 16), P()))  # w invariant: half the ops meet two types
+    xl, wl, body = x.to_local(), w.to_local(), tanh_loop(50)
+    return per_op(three_sides(tp, body, [x, w], (P("tp"), P()), lambda: body(xl, wl), reps, warmup),
+                  "mixed", "invariant w", 100)
 
 
 def row_parallel(h: Any, w: Any, pcast: Any, scatter: Any) -> Any:
@@ -145,10 +134,8 @@ def unreduced_missing(tp: Any) -> str | None:
 
 def unreduced_rows(tp: Any, reps: int, warmup: int) -> list[R.Result]:
     """The row-parallel body typed (unreduced), untyped (pcast is the identity) and by hand on the local shards."""
-    g = torch.Generator().manual_seed(2)
-    seq, f, d = 64, 64, 32  # h (S, F) split by columns, w (F, D) by rows: local (64, 16) @ (16, 32)
-    h = fm.distribute(torch.randn(seq, f, generator=g), fm.NamedSharding(tp.mesh, P(None, "tp")), mesh=tp)
-    w = fm.distribute(torch.randn(f, d, generator=g), fm.NamedSharding(tp.mesh, P("tp")), mesh=tp)
+    # h (S, F) = (64, 64) split by columns, w (F, D) = (64, 32) by rows: local (64, 16) @ (16, 32)
+    h, w = randn(tp, 2, ((64, 64), P(None, "tp")), ((64, 32), P("tp")))
     hl, wl = h.to_local(), w.to_local()
 
     def body(h: Any, w: Any) -> Any:
@@ -157,123 +144,17 @@ def unreduced_rows(tp: Any, reps: int, warmup: int) -> list[R.Result]:
     def by_hand() -> Any:
         return row_parallel(hl, wl, lambda t: t, lambda t: fm.psum_scatter(t, "tp", mesh=tp))
 
-    typed, untyped = (fm.shard_map(body, in_specs=(P(None, "tp"), P("tp")), out_specs=P("tp"), mesh=tp, check_vma=c)
-                      for c in (True, False))
-    with _Count() as count:
-        by_hand()
-    ops = count.calls + 1  # what a typed region dispatches on: these and the pcast
-    samples = timed({"plain": by_hand, "typed": lambda: typed(h, w), "untyped": lambda: untyped(h, w)}, reps, warmup)
-    return per_op(samples, "unreduced", "row parallel", ops)
-
-
-def _seq(x: Any, group: Any, n: int, gather: bool) -> Any:
-    """All-gather (``gather``) or reduce-scatter of dim 0 over ``group`` of ``n``, into a new tensor."""
-    out = x.new_empty((n * x.shape[0] if gather else x.shape[0] // n, *x.shape[1:]))
-    (dist.all_gather_into_tensor if gather else dist.reduce_scatter_tensor)(out, x.contiguous(), group=group)
-    return out
-
-
-class GatherSeq(torch.autograd.Function):
-    """Megatron's gather from the sequence-parallel region: all-gather of dim 0, reduce-scatter back."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Any, group: Any, n: int) -> Any:
-        ctx.group, ctx.n = group, n
-        return _seq(x, group, n, True)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:
-        return _seq(grad, ctx.group, ctx.n, False), None, None
-
-
-class ScatterSeq(torch.autograd.Function):
-    """Megatron's reduce-scatter to the sequence-parallel region, all-gather back."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Any, group: Any, n: int) -> Any:
-        ctx.group, ctx.n = group, n
-        return _seq(x, group, n, False)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:
-        return _seq(grad, ctx.group, ctx.n, True), None, None
-
-
-class _Count(TorchFunctionMode):
-    """Counts the torch functions a region would see (what a typed region dispatches on)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.calls += 1
-        return func(*args, **(kwargs or {}))
-
-
-def block(x: Any, wqkv: Any, wo: Any, w1: Any, w2: Any, gather: Any, scatter: Any, heads: int) -> Any:
-    """One pre-norm transformer block on this rank's shard; ``x (S/n, B, D)``, ``heads`` local heads."""
-    d = x.shape[-1]
-    h = gather(F.layer_norm(x, (d,)))  # (S, B, D)
-    s, b = h.shape[0], h.shape[1]
-    q, k, v = (t.reshape(s, b * heads, -1).transpose(0, 1) for t in (h @ wqkv).chunk(3, dim=-1))
-    a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(0, 1).reshape(s, b, -1)
-    x = x + scatter(a @ wo)
-    h = gather(F.layer_norm(x, (d,)))
-    return x + scatter(F.gelu(h @ w1) @ w2)
-
-
-def block_calls(tp: Any, shape: str) -> tuple[dict[str, Any], Any]:
-    """The block's series, one training step each (``BLOCK`` order), and its forward with fm collectives."""
-    bsz, seq, d, f, heads = SHAPES[shape]
-    n, group = tp.axis_size("tp"), tp.group("tp")
-    hl = heads // n
-    g = torch.Generator().manual_seed(0)
-    specs = (P("tp"), P(None, "tp"), P("tp", None), P(None, "tp"), P("tp", None))
-    full = [torch.randn(*s, generator=g) / s[-1] ** 0.5 for s in ((seq, bsz, d), (d, 3 * d), (d, d), (d, f), (f, d))]
-    dts = [fm.distribute(t, fm.NamedSharding(tp.mesh, p), mesh=tp).requires_grad_() for t, p in zip(full, specs)]
-    local = [t.to_local().detach().clone().requires_grad_() for t in dts]
-
-    def fm_block(x: Any, *ws: Any) -> Any:
-        return block(x, *ws, lambda t: fm.all_gather(t, "tp"), lambda t: fm.psum_scatter(t, "tp"), hl)
-
-    def step(params: list[Any], forward: Any) -> Any:
-        def run() -> None:
-            for p in params:
-                p.grad = None  # zero_grad(set_to_none=True): no accumulation into old gradients
-            y = forward()
-            y = y.to_local() if hasattr(y, "to_local") else y
-            (y * y).sum().backward()
-        return run
-
-    def hand_fm() -> Any:
-        with tp:
-            return fm_block(*local)
-
-    def raw_block(*args: Any) -> Any:
-        return block(*args, lambda t: GatherSeq.apply(t, group, n), lambda t: ScatterSeq.apply(t, group, n), hl)
-
-    def raw_dtensor() -> Any:  # what DTensor parameters cost by hand: to_local in, from_local out
-        y = raw_block(*(t.to_local() for t in dts))
-        return DTensor.from_local(y, tp.device_mesh, dts[0].placements, run_check=False)
-
-    mapped = {c: fm.shard_map(fm_block, in_specs=specs, out_specs=P("tp"), mesh=tp, check_vma=c) for c in (True, False)}
-    calls = {BLOCK[0]: step(local, lambda: raw_block(*local)), BLOCK[1]: step(local, hand_fm),
-             BLOCK[2]: step(dts, raw_dtensor), BLOCK[3]: step(dts, lambda: mapped[True](*dts)),
-             BLOCK[4]: step(dts, lambda: mapped[False](*dts))}
-    return calls, hand_fm
+    ops = torch_calls(by_hand) + 1  # what a typed region dispatches on: these and the pcast
+    return per_op(three_sides(tp, body, [h, w], (P(None, "tp"), P("tp")), by_hand, reps, warmup),
+                  "unreduced", "row parallel", ops)
 
 
 def block_rows(tp: Any, shape: str, reps: int, warmup: int) -> list[R.Result]:
     calls, hand_fm = block_calls(tp, shape)
     row = f"{shape}: (B, S, D, F, heads) = {SHAPES[shape]}"
     samples = timed(calls, reps, warmup)
-    out = [R.measured(BENCH, "block", row, k, v) for k, v in samples.items()]
-
-    with _Count() as count:
-        hand_fm()
-    out.append(R.Result(BENCH, "block", row, "torch functions in the forward", count.calls, "n"))
-    return out
+    return [*(R.measured(BENCH, "block", row, k, v) for k, v in samples.items()),
+            R.Result(BENCH, "block", row, "torch functions in the forward", torch_calls(hand_fm), "n")]
 
 
 def main() -> int:
@@ -292,29 +173,24 @@ def main() -> int:
     rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
     tp = rm["tp"]
     by_fm = ("fm", RAW, "fm / raw"), (RAW2, RAW, "noise floor: 2nd series / raw")
+    vs_plain = (("typed", "plain", "typed / plain"), ("untyped", "plain", "untyped / plain")), (
+        ("typed", "plain", "typed − plain"), ("untyped", "plain", "untyped − plain"))
+    dtensor = "to_local + from_local"
     records: list[Any] = [
         R.Table(BENCH, "collectives", "Each collective vs the raw c10d call it makes (fake backend, axis tp of 4)",
                 "collective, tensor", by_fm, (("fm", RAW, "fm − raw"),)),
-        R.Table(BENCH, "region", "100 × tanh(h * w) on an 8 × 16 shard, in a region vs plain torch",
-                "figure", (("typed", "plain", "typed / plain"), ("untyped", "plain", "untyped / plain")),
-                (("typed", "plain", "typed − plain"), ("untyped", "plain", "untyped − plain"))),
+        R.Table(BENCH, "region", "100 × tanh(h * w) on an 8 × 16 shard, in a region vs plain torch", "figure", *vs_plain),
         R.Table(BENCH, "mixed", "50 × tanh(h * w), w invariant (P()): operands of two types, in a region vs plain "
-                "torch", "figure", (("typed", "plain", "typed / plain"), ("untyped", "plain", "untyped / plain")),
-                (("typed", "plain", "typed − plain"), ("untyped", "plain", "untyped − plain"))),
+                "torch", "figure", *vs_plain),
         R.Table(BENCH, "unreduced", "Row-parallel matmul kept a pending sum (pcast to='unreduced'), linear ops, "
-                "psum_scatter; in a region vs the same ops by hand", "figure",
-                (("typed", "plain", "typed / plain"), ("untyped", "plain", "untyped / plain")),
-                (("typed", "plain", "typed − plain"), ("untyped", "plain", "untyped − plain"))),
+                "psum_scatter; in a region vs the same ops by hand", "figure", *vs_plain),
         R.Table(BENCH, "boundary", "An identity region's boundary vs to_local + from_local", "region",
-                (("typed", "to_local + from_local", "typed / DTensor"),
-                 ("untyped", "to_local + from_local", "untyped / DTensor")),
-                (("typed", "to_local + from_local", "typed − DTensor"),)),
-        R.Table(BENCH, "block", "TP + SP transformer block, forward + backward, vs the same block by hand",
-                "shape", ((BLOCK[3], BLOCK[0], "typed / hand"), (BLOCK[4], BLOCK[0], "untyped / hand"),
-                          (BLOCK[3], BLOCK[2], "typed / hand with DTensors"),
-                          (BLOCK[4], BLOCK[2], "untyped / hand with DTensors"),
-                          (BLOCK[1], BLOCK[0], "hand fm / hand raw")),
-                ((BLOCK[3], BLOCK[0], "typed − hand"),))]
+                (("typed", dtensor, "typed / DTensor"), ("untyped", dtensor, "untyped / DTensor")),
+                (("typed", dtensor, "typed − DTensor"),)),
+        R.Table(BENCH, "block", "TP + SP transformer block, forward + backward, vs the same block by hand", "shape",
+                ((BLOCK[3], BLOCK[0], "typed / hand"), (BLOCK[4], BLOCK[0], "untyped / hand"),
+                 (BLOCK[3], BLOCK[2], "typed / hand with DTensors"), (BLOCK[4], BLOCK[2], "untyped / hand with DTensors"),
+                 (BLOCK[1], BLOCK[0], "hand fm / hand raw")), ((BLOCK[3], BLOCK[0], "typed − hand"),))]
     notes = [tree, "fake backend: collectives carry no data (values meaningless), their dispatch is real"]
     missing = unreduced_missing(tp) if "unreduced" in only else None
     if missing is not None:
