@@ -31,10 +31,12 @@ With ``members_only=True`` only the mesh's ranks call it: each makes only the gr
 to, with their members alone (``_cache``'s members-only path), after a check among the members.
 Groups given with ``groups=`` are the caller's: checked, handed to the handle, never cached.
 
-This module turns the call into a request: it checks the arguments, resolves each axis's
-settings, compares the request across ranks (``_agree.py``) and hands back the handle
-(``_handle.py``). The decisions are pure functions in ``_realize_plan.py``; the groups themselves
-are made, lent, destroyed and aborted by one module, ``_cache.py``.
+A call is planned whole, then carried out. :func:`~functional_mesh._realize_plan.plan` (pure) checks
+every argument and decides everything from them and from what this module reads of torch first
+(:func:`_surroundings`): one frozen ``RealizePlan``. :func:`_apply` then makes the effects in order:
+the default group's start-up (when none exists), the comparison across ranks (``_agree.py``), the
+groups (made, lent, destroyed and aborted by one module, ``_cache.py``) and the handle
+(``_handle.py``). A bad argument therefore raises before any group exists.
 """
 
 from __future__ import annotations
@@ -54,19 +56,7 @@ from ._cache import CACHE, Family, Realized, Request, init_default, read_failure
 from ._errors import MeshError, requires
 from ._handle import RealizedMesh
 from ._mesh import Mesh
-from ._realize_plan import (
-    AxisSettings,
-    as_backend,
-    as_timeout,
-    axis_report,
-    describe_options,
-    describe_request,
-    per_axis,
-    plan_init,
-    product_axes,
-    realized_axes,
-    resolve_backend,
-)
+from ._realize_plan import DefaultGroup, RealizePlan, Surroundings, axis_report, plan
 from ._torch import can_split, default_group
 
 __all__ = ["realize"]
@@ -171,133 +161,41 @@ def realize(
     if not isinstance(members_only, bool):
         raise TypeError(requires("realize", "members_only=True or False", "members_only", members_only))
     wait_s = as_check_timeout(check, os.environ)
-    products_t = product_axes(mesh, products)
-    axes_t = realized_axes(mesh, axes)
-    keys: list[Any] = [*axes_t, *products_t]
-    adopted = _adopted_groups(mesh, keys, groups)
-    if members_only and not dist.is_initialized():
-        raise MeshError(requires("realize", "an initialised default group for members_only=True (its store is "
-                                 "where the members meet)", "torch.distributed.is_initialized()", False)
-                        + "; call torch.distributed.init_process_group on every rank first", mesh=mesh)
-    default_backend, device_type, backend_name, settings = _settings(mesh, keys, device_type, backend, timeout,
-                                                                     pg_options, members_only)
-    world, rank = dist.get_world_size(), dist.get_rank()
-    member = _check_rank(mesh, world, rank, members_only)
-    families = [Family(name, mesh[name], settings[name]) for name in axes_t]
-    families += [Family(axes, mesh[axes].flatten(name="product"), settings[axes]) for axes in products_t]
-    if member:
-        for family in families:
-            if family.key in adopted:
-                _check_adopted(mesh, family, adopted[family.key], rank)
-    if wait_s is not None and backend_name != "fake":
-        _agree_on(mesh, describe_request(mesh, device_type, settings, products_t, axes_t, tuple(adopted)),
-                  members_only, rank, world, wait_s)
+    decided = plan(mesh, device_type, backend=backend, timeout=timeout, pg_options=pg_options, wait_s=wait_s,
+                   products=products, axes=axes, members_only=members_only, groups=groups,
+                   found=_surroundings(members_only))
+    return _apply(decided)
+
+
+def _surroundings(members_only: bool) -> Surroundings:
+    """What the plan reads of torch and the process: the default group (if any), CUDA, the backends."""
+    default = None
+    if dist.is_initialized():
+        default = DefaultGroup(str(dist.get_backend()), dist.get_world_size(), dist.get_rank(),
+                               members_only and can_split(default_group()))
+    return Surroundings(os.environ, default, torch.cuda.is_available(), dist.is_backend_available,
+                        dist.Backend.backend_list, lambda pg: isinstance(pg, dist.ProcessGroup))
+
+
+def _apply(p: RealizePlan) -> RealizedMesh:
+    """Carry out a plan, the effects in order: the default group, the check, the groups, the handle."""
+    if p.init is not None:
+        init_default(p.init, p.init_timeout)
+    if p.request is not None:
+        _agree_on(p.mesh, p.request, p.members_only, p.rank, p.world, p.wait_s)
         # after the check every member has arrived, so the marks of groups that failed on any of
         # them are in the store: all drop those groups alike and make new ones together
         read_failures()
-    got = CACHE.realize_groups([f for f in families if f.key not in adopted],
-                               Request(device_type, world, rank, default_backend, member, members_only))
-    return _assemble(mesh, families, adopted, got, device_type, backend_name, rank, member)
-
-
-# -- the arguments, normalised ------------------------------------------------------------------
-
-
-def _settings(mesh: Mesh, keys: list[Any], device_type: str | None, backend: Any, timeout: Any, pg_options: Any,
-              members_only: bool) -> tuple[str, str, str, dict[Any, AxisSettings]]:
-    """Each key's settings, resolved against the default group (started here when none exists).
-
-    Returns the default group's backend, the device type, the backend's name and the settings by key.
-    """
-    timeouts = per_axis(mesh, keys, timeout, "timeout", as_timeout)
-    backends = per_axis(mesh, keys, backend, "backend", as_backend)
-    options = per_axis(mesh, keys, pg_options, "pg_options", lambda v: v)
-    one_backend = None if isinstance(backend, Mapping) else as_backend(backend)
-    if not dist.is_initialized():
-        init_default(plan_init(dict(os.environ), torch.cuda.is_available(), device_type, one_backend),
-                     None if isinstance(timeout, Mapping) else as_timeout(timeout))
-    default_backend = str(dist.get_backend())
-    cuda = torch.cuda.is_available()
-    device_type, backend_name, backend_arg = resolve_backend(default_backend, device_type, one_backend, cuda)
-    _check_available(device_type, backend_name, backend_arg)
-    settings: dict[Any, AxisSettings] = {}
-    for key in keys:
-        _, name, arg = resolve_backend(default_backend, device_type, backends[key], cuda)
-        _check_available(device_type, name, arg)
-        settings[key] = AxisSettings(name, arg, timeouts[key], options[key], describe_options(options[key]))
-    if members_only and any(s.backend == "nccl" for s in settings.values()) and can_split(default_group()):
-        # torch makes an NCCL group under a device-bound default group by ncclCommSplit of the default
-        # communicator, a call of every rank of the world: members alone would hang there
-        raise MeshError(requires("realize", "members_only=True without NCCL groups split from a device-bound "
-                                 "default group (a split is a call of every rank)", "backend", "nccl",
-                                 "backend='gloo' for these axes, or a default NCCL group started without device_id"),
-                        mesh=mesh)
-    return default_backend, device_type, backend_name, settings
-
-
-def _check_rank(mesh: Mesh, world: int, rank: int, members_only: bool) -> bool:
-    """The mesh's devices are ranks of the world, and a members-only caller is one of them; True for a member."""
-    if mesh.device_list.max() >= world:
-        raise MeshError(requires("realize", f"devices that are ranks of the world (0..{world - 1})",
-                                 "largest device", mesh.device_list.max()), mesh=mesh)
-    member = mesh.coordinate(rank) is not None
-    if members_only and not member:
-        raise MeshError(requires("realize", "members_only=True to be called by ranks of the mesh only", "rank",
-                                 rank, f"devices {mesh.device_list.describe()}"), mesh=mesh)
-    return member
-
-
-def _check_available(device_type: str, backend_name: str, backend_arg: str | None) -> None:
-    """Refuse, before any group is made, a backend this torch lacks or CUDA without a GPU."""
-    if backend_name == "fake":
-        return
-    if device_type == "cuda" and not torch.cuda.is_available():
-        raise MeshError(requires("realize", "an available device type", "device_type", "cuda", "'cpu'"))
-    if backend_arg is not None and not dist.is_backend_available(backend_name):
-        valid = [b for b in dist.Backend.backend_list if b != "undefined" and dist.is_backend_available(b)]
-        raise MeshError(requires("realize", "a backend available in this torch build", "backend", backend_arg, valid))
-
-
-def _adopted_groups(mesh: Mesh, keys: Sequence[Any], groups: Mapping[Any, Any] | None) -> dict[Any, Any]:
-    """``groups=`` checked: each key one of the realized axes or products, each value a ProcessGroup."""
-    if groups is None:
-        return {}
-    if not isinstance(groups, Mapping):
-        raise TypeError(requires("realize", "groups=None or a mapping from an axis name (or a product tuple) "
-                                 "to a ProcessGroup", "groups", groups))
-    out: dict[Any, Any] = {}
-    for raw, pg in groups.items():
-        key = raw if isinstance(raw, str) else (tuple(raw) if isinstance(raw, (tuple, list)) else raw)
-        if isinstance(key, tuple) and len(key) == 1:
-            key = key[0]
-        if key not in keys:
-            raise MeshError(requires("realize", "groups= keys that are realized axes or products passed in "
-                                     "products=", "groups key", raw, tuple(keys)), mesh=mesh)
-        if not isinstance(pg, dist.ProcessGroup):
-            raise TypeError(requires("realize", "a torch.distributed ProcessGroup for each groups= entry",
-                                     f"groups[{raw!r}]", pg))
-        out[key] = pg
-    return out
-
-
-def _check_adopted(mesh: Mesh, family: Family, pg: Any, rank: int) -> None:
-    """An adopted group must have the axis's size and hold this rank at its coordinate along it."""
-    size = family.mesh.size
-    (position,) = family.mesh.coordinate(rank)
-    label = family.key if isinstance(family.key, str) else "×".join(family.key)
-    if pg.size() != size:
-        raise MeshError(requires("realize", f"an adopted group of axis {label!r}'s size", f"groups[{family.key!r}]",
-                                 f"a group of size {pg.size()}", size), mesh=mesh)
-    if pg.rank() != position:
-        raise MeshError(requires("realize", f"an adopted group that holds rank {rank} at its coordinate along "
-                                 f"{label!r}", f"groups[{family.key!r}]",
-                                 f"a group where rank {rank} is group rank {pg.rank()}", position), mesh=mesh)
+    families = [Family(*f) for f in p.families]
+    got = CACHE.realize_groups([f for f in families if f.key not in p.adopted],
+                               Request(p.device_type, p.world, p.rank, p.default_backend, p.member, p.members_only))
+    return _assemble(p.mesh, families, p.adopted, got, p.device_type, p.backend, p.rank, p.member)
 
 
 # -- the handle --------------------------------------------------------------------------------
 
 
-def _assemble(mesh: Mesh, families: list[Family], adopted: dict[Any, Any], got: Realized, device_type: str,
+def _assemble(mesh: Mesh, families: list[Family], adopted: Mapping[Any, Any], got: Realized, device_type: str,
             backend_name: str, rank: int, member: bool) -> RealizedMesh:
     """The realized mesh over the cache's groups and the adopted ones, in mesh order; its axes logged."""
     for family in families:

@@ -1,25 +1,29 @@
 """realize's decisions, as pure functions of their inputs (no torch, no process group).
 
-What :func:`functional_mesh.realize` decides before and around its effects: how to initialise
-the default group from the torchrun environment, which backend and device type a request
-means, how an axis's missing groups are made, the timeout of new groups, the text two ranks compare, and the log lines of a call. ``tests/unit/
-test_realize_decisions.py`` tests them as tables; ``_realize.py`` carries them out.
+:func:`plan` makes the whole plan of one :func:`functional_mesh.realize` call before any effect,
+one frozen :class:`RealizePlan`: every argument checked, each axis's settings resolved (backend,
+device type, timeout, options), the default group's start-up from the torchrun environment when
+none exists, the families to realize and the text the ranks compare. The pieces it is made of
+(and how an axis's missing groups are made, and the log lines of a call) are functions here too.
+``tests/unit/test_realize_decisions.py`` tests them as tables; ``_realize.py`` carries a plan out.
 """
 
 from __future__ import annotations
 
 import datetime
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from ._errors import MeshError, requires
 from ._mesh import Mesh, axis_position, select
 from ._validate import as_name_tuple
 
-__all__ = ["INIT_TIMEOUT_ENV", "AxisSettings", "InitPlan", "as_backend", "as_timeout",
-           "axis_report", "check_device_type", "creation_method", "describe_options",
-           "describe_request", "per_axis", "plan_init", "product_axes", "realized_axes", "resolve_backend"]
+__all__ = ["INIT_TIMEOUT_ENV", "AxisSettings", "DefaultGroup", "InitPlan", "RealizePlan", "Surroundings", "as_backend",
+           "as_timeout", "axis_report", "check_device_type", "creation_method", "describe_options",
+           "describe_request", "per_axis", "plan", "plan_init", "product_axes", "realized_axes", "resolve_backend"]
 
 INIT_TIMEOUT_ENV = "FUNCTIONAL_MESH_INIT_TIMEOUT"  # seconds: the default group's start-up (unset: torch's default)
 NATURAL_BACKEND = {"cpu": "gloo", "cuda": "nccl"}
@@ -300,3 +304,179 @@ def describe_request(mesh: Mesh, device_type: str, settings: Mapping[Any, AxisSe
     if adopted:  # keys whose groups the caller made (realize(groups=...)): the groups themselves are local
         text += f" adopted={adopted}"
     return text
+
+
+# -- the whole plan of one call ------------------------------------------------------------------
+
+
+class DefaultGroup(NamedTuple):
+    """The job's default group as realize finds it (queries of torch, made before planning)."""
+
+    backend: str  # str(torch.distributed.get_backend())
+    world: int
+    rank: int
+    can_split: bool = False  # bound to a device whose backend splits (asked only for members_only)
+
+
+class Surroundings(NamedTuple):
+    """What realize reads of the process and of torch before it plans: values and queries, no effects."""
+
+    env: Mapping[str, str]  # os.environ: the torchrun variables, when no default group exists
+    default: DefaultGroup | None  # None: no default group yet; the plan starts one first
+    cuda_available: bool
+    backend_available: Callable[[str], bool]  # torch.distributed.is_backend_available
+    known_backends: Sequence[str]  # torch.distributed.Backend.backend_list: the valid choices named in errors
+    is_group: Callable[[object], bool]  # isinstance(value, torch.distributed.ProcessGroup)
+
+
+@dataclass(frozen=True)
+class RealizePlan:
+    """Everything one realize call decided, before any effect; ``_realize`` carries it out in order:
+
+    1. ``init``: start the default group (when none existed), its collectives then bounded by ``init_timeout``;
+    2. ``request``: compare it among the ranks that called (``None``: no check), within ``wait_s``;
+    3. make or look up the groups of ``families`` but the ``adopted`` ones, and return the handle.
+    """
+
+    mesh: Mesh
+    init: InitPlan | None
+    init_timeout: datetime.timedelta | None
+    default_backend: str
+    device_type: str
+    backend: str  # the backend's name for the request (fake under the fake backend)
+    settings: Mapping[Any, AxisSettings]
+    axes: tuple[str, ...]
+    products: tuple[tuple[str, ...], ...]
+    families: tuple[tuple[Any, Mesh, AxisSettings], ...]  # (key, its one-axis family, its settings), mesh order
+    adopted: Mapping[Any, Any]  # key -> the caller's group (groups=)
+    world: int
+    rank: int
+    member: bool
+    members_only: bool
+    wait_s: float | None
+    request: str | None
+
+
+def plan(mesh: Mesh, device_type: str | None, *, backend: Any, timeout: Any, pg_options: Any, wait_s: float | None,
+         products: Iterable[Sequence[str]], axes: Iterable[str] | None, members_only: bool,
+         groups: Mapping[Any, Any] | None, found: Surroundings) -> RealizePlan:
+    """The plan of ``realize(mesh, device_type, ...)`` in surroundings ``found``: a pure function.
+
+    Every argument is checked here, in the order realize's errors are documented, so that a bad
+    one raises before any group (the default group included) is made. ``wait_s`` is the check's
+    wait, already read (``_agree.as_check_timeout``).
+    """
+    products_t = product_axes(mesh, products)
+    axes_t = realized_axes(mesh, axes)
+    keys: list[Any] = [*axes_t, *products_t]
+    adopted = _adopted_groups(mesh, keys, groups, found.is_group)
+    default = found.default
+    if members_only and default is None:
+        raise MeshError(requires("realize", "an initialised default group for members_only=True (its store is "
+                                 "where the members meet)", "torch.distributed.is_initialized()", False)
+                        + "; call torch.distributed.init_process_group on every rank first", mesh=mesh)
+    timeouts = per_axis(mesh, keys, timeout, "timeout", as_timeout)
+    backends = per_axis(mesh, keys, backend, "backend", as_backend)
+    options = per_axis(mesh, keys, pg_options, "pg_options", lambda v: v)
+    one_backend = None if isinstance(backend, Mapping) else as_backend(backend)
+    cuda = found.cuda_available
+    init = init_timeout = None
+    if default is None:
+        init = plan_init(dict(found.env), cuda, device_type, one_backend)
+        init_timeout = None if isinstance(timeout, Mapping) else as_timeout(timeout)
+        default = DefaultGroup(init.backend.lower(), *_torchrun_world(found.env))
+    device_type, backend_name, backend_arg = resolve_backend(default.backend, device_type, one_backend, cuda)
+    _check_available(device_type, backend_name, backend_arg, found)
+    settings: dict[Any, AxisSettings] = {}
+    for key in keys:
+        _, name, arg = resolve_backend(default.backend, device_type, backends[key], cuda)
+        _check_available(device_type, name, arg, found)
+        settings[key] = AxisSettings(name, arg, timeouts[key], options[key], describe_options(options[key]))
+    if members_only and any(s.backend == "nccl" for s in settings.values()) and default.can_split:
+        # torch makes an NCCL group under a device-bound default group by ncclCommSplit of the default
+        # communicator, a call of every rank of the world: members alone would hang there
+        raise MeshError(requires("realize", "members_only=True without NCCL groups split from a device-bound "
+                                 "default group (a split is a call of every rank)", "backend", "nccl",
+                                 "backend='gloo' for these axes, or a default NCCL group started without device_id"),
+                        mesh=mesh)
+    member = _check_rank(mesh, default.world, default.rank, members_only)
+    families = tuple([(name, mesh[name], settings[name]) for name in axes_t]
+                     + [(names, mesh[names].flatten(name="product"), settings[names]) for names in products_t])
+    if member:
+        for key, family, _ in families:
+            if key in adopted:
+                _check_adopted(mesh, key, family, adopted[key], default.rank)
+    request = (describe_request(mesh, device_type, settings, products_t, axes_t, tuple(adopted))
+               if wait_s is not None and backend_name != "fake" else None)
+    return RealizePlan(mesh, init, init_timeout, default.backend, device_type, backend_name,
+                       MappingProxyType(settings), axes_t, products_t, families, MappingProxyType(adopted), default.world, default.rank, member, members_only, wait_s,
+                       request)
+
+
+def _torchrun_world(env: Mapping[str, str]) -> tuple[int, int]:
+    """``(world size, rank)`` the default group will have, from torchrun's ``WORLD_SIZE`` and ``RANK``."""
+    try:
+        return int(env["WORLD_SIZE"]), int(env["RANK"])
+    except ValueError:
+        raise MeshError(requires("realize", "integer RANK and WORLD_SIZE in the torchrun environment",
+                                 "RANK, WORLD_SIZE", (env["RANK"], env["WORLD_SIZE"]))) from None
+
+
+def _check_available(device_type: str, backend_name: str, backend_arg: str | None, found: Surroundings) -> None:
+    """Refuse a backend this torch lacks or CUDA without a GPU."""
+    if backend_name == "fake":
+        return
+    if device_type == "cuda" and not found.cuda_available:
+        raise MeshError(requires("realize", "an available device type", "device_type", "cuda", "'cpu'"))
+    if backend_arg is not None and not found.backend_available(backend_name):
+        valid = [b for b in found.known_backends if b != "undefined" and found.backend_available(b)]
+        raise MeshError(requires("realize", "a backend available in this torch build", "backend", backend_arg, valid))
+
+
+def _check_rank(mesh: Mesh, world: int, rank: int, members_only: bool) -> bool:
+    """The mesh's devices are ranks of the world, and a members-only caller is one of them; True for a member."""
+    if mesh.device_list.max() >= world:
+        raise MeshError(requires("realize", f"devices that are ranks of the world (0..{world - 1})",
+                                 "largest device", mesh.device_list.max()), mesh=mesh)
+    member = mesh.coordinate(rank) is not None
+    if members_only and not member:
+        raise MeshError(requires("realize", "members_only=True to be called by ranks of the mesh only", "rank",
+                                 rank, f"devices {mesh.device_list.describe()}"), mesh=mesh)
+    return member
+
+
+def _adopted_groups(mesh: Mesh, keys: Sequence[Any], groups: Mapping[Any, Any] | None,
+                    is_group: Callable[[object], bool]) -> dict[Any, Any]:
+    """``groups=`` checked: each key one of the realized axes or products, each value a ProcessGroup."""
+    if groups is None:
+        return {}
+    if not isinstance(groups, Mapping):
+        raise TypeError(requires("realize", "groups=None or a mapping from an axis name (or a product tuple) "
+                                 "to a ProcessGroup", "groups", groups))
+    out: dict[Any, Any] = {}
+    for raw, pg in groups.items():
+        key = raw if isinstance(raw, str) else (tuple(raw) if isinstance(raw, (tuple, list)) else raw)
+        if isinstance(key, tuple) and len(key) == 1:
+            key = key[0]
+        if key not in keys:
+            raise MeshError(requires("realize", "groups= keys that are realized axes or products passed in "
+                                     "products=", "groups key", raw, tuple(keys)), mesh=mesh)
+        if not is_group(pg):
+            raise TypeError(requires("realize", "a torch.distributed ProcessGroup for each groups= entry",
+                                     f"groups[{raw!r}]", pg))
+        out[key] = pg
+    return out
+
+
+def _check_adopted(mesh: Mesh, key: Any, family: Mesh, pg: Any, rank: int) -> None:
+    """An adopted group must have the axis's size and hold this rank at its coordinate along it."""
+    size = family.size
+    (position,) = family.coordinate(rank)
+    label = key if isinstance(key, str) else "×".join(key)
+    if pg.size() != size:
+        raise MeshError(requires("realize", f"an adopted group of axis {label!r}'s size", f"groups[{key!r}]",
+                                 f"a group of size {pg.size()}", size), mesh=mesh)
+    if pg.rank() != position:
+        raise MeshError(requires("realize", f"an adopted group that holds rank {rank} at its coordinate along "
+                                 f"{label!r}", f"groups[{key!r}]",
+                                 f"a group where rank {rank} is group rank {pg.rank()}", position), mesh=mesh)

@@ -699,3 +699,28 @@ def test_clear_cache_after_torch_destroyed_every_group_only_forgets_them():
     finally:
         fm.clear_cache()
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(mesh=fm.make_mesh((8,), ("dp",))), r"devices that are ranks of the world \(0\.\.3\)"),
+        (dict(timeout={"tp": 1}), r"'tp'"),
+        (dict(backend="nosuch"), r"a backend available in this torch build, but got backend='nosuch'"),
+        (dict(groups={"dp": object()}), r"a torch.distributed ProcessGroup"),
+    ],
+)
+def test_a_bad_argument_raises_before_the_default_group_starts(monkeypatch, kwargs, match):
+    """realize plans the whole call before its first effect: with no default group yet and a torchrun
+    environment whose store nobody serves, the bad argument is the error, and no group (not even the
+    default one) was started."""
+    if dist.is_initialized():
+        pytest.skip("a default group exists already")
+    env = {"RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
+           "FUNCTIONAL_MESH_INIT_TIMEOUT": "1"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    mesh = kwargs.pop("mesh", fm.make_mesh((4,), ("dp",)))
+    with pytest.raises((fm.MeshError, TypeError), match=match):
+        fm.realize(mesh, "cpu", **kwargs)
+    assert not dist.is_initialized()

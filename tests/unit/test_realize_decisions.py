@@ -14,6 +14,9 @@ import pytest
 from functional_mesh import MeshError, make_mesh
 from functional_mesh._agree import CHECK_TIMEOUT_ENV, _compare, as_check_timeout
 from functional_mesh._realize_plan import (
+    DefaultGroup,
+    Surroundings,
+    plan,
     InitPlan,
     creation_method,
     describe_options,
@@ -186,3 +189,83 @@ def test_the_start_up_bound_is_its_own_setting_never_an_axis_timeout():
     assert plan_init(TORCHRUN, False, None, None).timeout is None  # torch's default
     assert plan_init({**TORCHRUN, "FUNCTIONAL_MESH_INIT_TIMEOUT": "7.5"}, False, None, None).timeout == \
         datetime.timedelta(seconds=7.5)
+
+
+# -- the whole plan of a call: pure, every argument checked before any effect -------------------------
+
+def _found(default=None, env=TORCHRUN, cuda=False):
+    """Surroundings without torch: a gloo world of 8 (or none yet, with the torchrun environment)."""
+    return Surroundings(env, default, cuda, lambda b: b in ("gloo", "fake"), ("undefined", "gloo", "nccl", "fake"),
+                        lambda pg: isinstance(pg, _Group))
+
+
+class _Group:
+    def __init__(self, size, rank):
+        self._size, self._rank = size, rank
+
+    def size(self):
+        return self._size
+
+    def rank(self):
+        return self._rank
+
+
+def _plan(mesh, found, **kwargs):
+    args = dict(backend=None, timeout=None, pg_options=None, wait_s=60.0, products=(), axes=None,
+                members_only=False, groups=None)
+    return plan(mesh, kwargs.pop("device_type", None), **{**args, **kwargs}, found=found)
+
+
+def test_the_plan_of_a_call_under_a_default_group():
+    mesh = make_mesh((2, 4), ("dp", "tp"))
+    p = _plan(mesh, _found(DefaultGroup("gloo", 8, 5)), products=[("dp", "tp")], timeout={"tp": 3})
+    assert p.init is None and (p.world, p.rank, p.member) == (8, 5, True)
+    assert (p.default_backend, p.device_type, p.backend) == ("gloo", "cpu", "gloo")
+    assert [key for key, _, _ in p.families] == ["dp", "tp", ("dp", "tp")]
+    assert [fam.size for _, fam, _ in p.families] == [2, 4, 8]
+    assert p.settings["tp"].timeout == datetime.timedelta(seconds=3) and p.settings["dp"].timeout is None
+    assert p.request.startswith("Mesh(dp=2, tp=4) [") and "products=(('dp', 'tp'),)" in p.request
+    with pytest.raises(AttributeError):
+        p.rank = 0  # frozen
+    assert _plan(mesh, _found(DefaultGroup("gloo", 8, 5)), wait_s=None).request is None  # check=False
+    assert _plan(mesh, _found(DefaultGroup("fake", 8, 5))).request is None  # the fake backend: nothing to compare
+
+
+def test_the_plan_starts_the_default_group_first_when_none_exists():
+    p = _plan(make_mesh((2, 4), ("dp", "tp")), _found(None), timeout=5)
+    assert p.init is not None and (p.init.backend, p.init.device_type) == ("gloo", "cpu")
+    assert p.init_timeout == datetime.timedelta(seconds=5)  # the default group's collectives, after start-up
+    assert (p.world, p.rank, p.default_backend) == (8, 3, "gloo")  # torchrun's WORLD_SIZE and RANK
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(mesh=make_mesh((2, 8), ("dp", "tp"))), MeshError, r"devices that are ranks of the world \(0\.\.7\)"),
+        (dict(timeout={"tpp": 1}), MeshError, r"did you mean 'tp'"),
+        (dict(backend="mpi"), MeshError, r"a backend available in this torch build, but got backend='mpi'; "
+                                         r"valid: \['gloo', 'fake'\]"),
+        (dict(device_type="tpu"), MeshError, r"a supported device type"),
+        (dict(device_type="cuda"), MeshError, r"an available device type"),
+        (dict(products=[("dp", "dp")]), MeshError, r"distinct axis names"),
+        (dict(groups={"pp": _Group(2, 0)}), MeshError, r"groups= keys that are realized axes"),
+        (dict(groups={"tp": object()}), TypeError, r"a torch.distributed ProcessGroup"),
+        (dict(members_only=True), MeshError, r"an initialised default group for members_only=True"),
+    ],
+)
+def test_a_bad_argument_is_refused_by_the_plan_before_any_effect(kwargs, error, match):
+    """With no default group yet: the plan raises, so realize neither starts one nor makes a group."""
+    mesh = kwargs.pop("mesh", make_mesh((2, 4), ("dp", "tp")))
+    with pytest.raises(error, match=match):
+        _plan(mesh, _found(None), **kwargs)
+
+
+def test_an_adopted_group_is_checked_by_the_plan():
+    mesh, found = make_mesh((2, 4), ("dp", "tp")), _found(DefaultGroup("gloo", 8, 5))
+    g = _Group(4, 1)
+    assert dict(_plan(mesh, found, groups={"tp": g}).adopted) == {"tp": g}
+    with pytest.raises(MeshError, match=r"an adopted group of axis 'tp''s size"):
+        _plan(mesh, found, groups={"tp": _Group(2, 1)})
+    with pytest.raises(MeshError, match=r"holds rank 5 at its coordinate along 'tp'"):
+        _plan(mesh, found, groups={"tp": _Group(4, 0)})
+
