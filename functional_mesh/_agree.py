@@ -31,7 +31,7 @@ DEFAULT_CHECK_TIMEOUT_S = 60.0
 
 #
 # One bounded agreement through the default store serves realize (participants: the whole world)
-# and the opt-in collective check of _steps.py (participants: a group's members, or every
+# and the opt-in collective check of _debug.py (participants: a group's members, or every
 # device of a mesh). The first participant leads: it waits for every participant's request,
 # compares, and publishes a verdict that the others wait for. Each call of a participant set has
 # its own keys (a per-process call number, equal on every participant of an SPMD program), and
