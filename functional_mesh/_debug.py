@@ -57,7 +57,9 @@ class Check:
 
     def __init__(self, api: str, rm: Any, names: tuple[str, ...], params: str, mode: str, setting: str) -> None:
         self.api, self.rm, self.names, self.params, self.mode, self.setting = api, rm, names, params, mode, setting
-        self.wait_s = as_check_timeout(True, os.environ, api)
+        wait_s = as_check_timeout(True, os.environ, api)
+        assert wait_s is not None  # check=True always has a wait
+        self.wait_s = wait_s
 
     def __call__(self, x: torch.Tensor, axes: tuple[str, ...], *, members: Sequence[int] | None = None,
                  group: Any = None, backward: bool = False) -> None:
