@@ -2,9 +2,10 @@
 
 - Every ``fm.`` name in the page's tables exists, and every JAX feature whose row says "none" has
   no counterpart in ``fm`` (so the page cannot keep saying "none" after one is added).
-- The JAX column of "Same program, same numbers" runs in JAX itself (the oracle's venv, JAX 0.10.2,
-  8 CPU devices) and gives the types and values the page states. Our column of the same table runs
-  on 8 gloo workers in tests/dist/test_recipes_gloo.py, against the same expected cells.
+- The JAX column of "Same program, same numbers" runs in JAX itself (the oracle's venv: JAX
+  0.12.0.1, or the 0.10.2 fallback; 8 CPU devices) and gives the types and values the page states.
+  Our column of the same table runs on 8 gloo workers in tests/dist/test_recipes_gloo.py, against
+  the same expected cells.
 
 The parsing helpers here are shared with that module.
 """

@@ -2,7 +2,7 @@
 
 Run by ``test_vs_jax.py`` in the side venv, once per session::
 
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv-jax/bin/python tests/jax_oracle/jax_side.py OUT.npz
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 .venv-jax-0.12.0.1/bin/python tests/jax_oracle/jax_side.py OUT.npz
 
 It runs EVERY program in this one process (JAX's start-up is paid once) on 8 host CPU devices,
 mesh axes ``AxisType.Auto``, float64, ``check_vma=True``, and saves into ``OUT.npz``:
@@ -338,7 +338,7 @@ if __name__ == "__main__":
 
 # -- pending sums (unreduced): programs.UNREDUCED, run by main_unreduced --------------------------------
 #
-# JAX 0.10.2 types unreduced values only on a mesh whose axes are all Explicit: there an argument
+# JAX (0.10.2 and 0.12) types unreduced values only on a mesh whose axes are all Explicit: there an argument
 # must already have its in_spec's sharding (``reshard`` first, a slice with no communication), an
 # argument unreduced over A is made by a first shard_map from its stacked members, and every result
 # is ``reshard``-ed to ``P()`` (a result unreduced over A is reduced so). ``note`` records the type of a

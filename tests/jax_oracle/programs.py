@@ -32,7 +32,10 @@ import numpy as np
 Entry = Any  # None | str | tuple[str, ...]: one dim of a spec
 Spec = tuple  # tuple[Entry, ...]
 
-JAX_VERSION = "0.10.2"
+# The JAX that judges a run is chosen in _jax_venv.py: JAX_NEW from a Python >= 3.12, else JAX_FALLBACK
+# on the running Python. Where their answers differ, UNREDUCED's rows carry both (UnreducedProgram.jax_0_10).
+JAX_NEW = "0.12.0.1"
+JAX_FALLBACK = "0.10.2"
 TOLERANCE = 1e-5  # absolute and relative, on outputs and gradients (float64 on both sides)
 
 # failure kinds
@@ -118,7 +121,7 @@ def in_mesh_order(program: Program, axis: str | Sequence[str],
     """The same ``ppermute`` spelt over ``axis``'s names in mesh order: ``(axes, pairs)``.
 
     The index along a tuple of axes is linear with the tuple's first name major: that is what
-    ``axis_index``, ``all_gather``, ``psum_scatter`` and ``all_to_all`` mean in JAX 0.10.2, and
+    ``axis_index``, ``all_gather``, ``psum_scatter`` and ``all_to_all`` mean in JAX 0.10.2 and 0.12, and
     what we mean everywhere. JAX's ``ppermute`` alone reads the pairs in mesh order whatever the
     tuple's order (its lowering sorts each group's members), so the JAX side of a program that
     permutes over ``("y", "x")`` passes the translated pairs over ``("x", "y")``.
@@ -284,11 +287,13 @@ assert len(BY_NAME) == len(ALL), "program names must be unique"
 
 # -- pending sums (unreduced): the programs of test_unreduced_vs_jax.py --------------------------------
 #
-# Kept apart from ALL (test_vs_jax.py's list): JAX 0.10.2 types unreduced values only on a mesh whose
-# axes are all Explicit, so its side runs them with another driver (jax_side.main_unreduced).
+# Kept apart from ALL (test_vs_jax.py's list): JAX (0.10.2 and 0.12) types unreduced values only on a mesh
+# whose axes are all Explicit, so its side runs them with another driver (jax_side.main_unreduced).
 #
-# Each program says what JAX does with it and what we do:
-# - ``jax_refuses == ""``: JAX runs it; our values, gradients and types must equal JAX's;
+# Each program says what JAX does with it and what we do. ``jax_refuses`` is JAX 0.12.0.1's answer;
+# ``jax_0_10`` is JAX 0.10.2's where it differs (None: the same), so the fallback oracle still holds;
+# ``refuses(version)`` gives the one that judges a run:
+# - ``""``: JAX runs it; our values, gradients and types must equal JAX's;
 # - ``jax_refuses`` a regex of JAX's message and ``fails == VMA``: both refuse; ours is a VmaError
 #   whose message matches ``message``;
 # - ``jax_refuses`` a regex and ``fails is None``: we go past JAX (a linear op JAX does not
@@ -305,30 +310,53 @@ assert len(BY_NAME) == len(ALL), "program names must be unique"
 
 DT24 = (("dp", "tp"), (2, 4))
 
-# JAX 0.10.2's refusals, read from its messages
-JAX_PVARY_UNREDUCED = r"pvary cannot accept args which are unreduced"  # every collective but psum/psum_scatter
+# JAX's refusals, read from its messages (the same in 0.10.2 and 0.12 unless named for one)
+JAX_PVARY_UNREDUCED = r"pvary cannot accept args which are unreduced"  # all_gather, ppermute, all_to_all
 JAX_IMPLICIT_ADD = r"lhs is unreduced while rhs is not"
 JAX_DOT_GENERAL = r"dot_general cannot be unreduced"
 JAX_NEEDS_REDUCED = r"should be reduced along the same axes"  # a factor not cast to="reduced"
+JAX12_DENOMINATOR = r"Denominator should be reduced along the same axes numerator is unreduced on"
+JAX12_DIV_BY_PENDING = r"The denominator cannot be unreduced"
 
 
 def jax_not_implemented(op: str) -> str:
+    """JAX 0.10.2's answer to an op with no unreduced rule."""
     return rf"unreduced rule for {op} is not implemented"
+
+
+def jax12_not_linear(op: str) -> str:
+    """JAX 0.12's answer to a non-linear op of an unreduced value (a ShardingTypeError)."""
+    return rf"{op} is a non-linear operation and cannot accept inputs? that (is|are) unreduced"
+
+
+def jax12_wrong_kind(op: str) -> str:
+    """JAX 0.12's answer to pmax/pmin of a pending sum: they end pending maxima/minima, not sums."""
+    return rf"unreduced_{op} cannot accept args with unreduced_kind=UnreducedKind\.sum"
 
 
 @dataclass(frozen=True)
 class UnreducedProgram(Program):
     in_unreduced: tuple[tuple[str, ...], ...] = ()  # per input: the axes its in_spec is unreduced over
     out_unreduced: tuple[tuple[str, ...], ...] = ()  # per result
-    jax_refuses: str = ""  # "" JAX 0.10.2 runs it, else a regex its message matches
+    jax_refuses: str = ""  # JAX 0.12.0.1: "" it runs it, else a regex its message matches
+    jax_0_10: str | None = None  # JAX 0.10.2's answer, the same way, where it differs (None: the same)
     one_process: bool = False  # also (or, where JAX refuses, only) compared with one process
     types: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = ()  # (noted value, varying, unreduced)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        assert not self.fails or self.jax_refuses, f"{self.name}: we refuse only what JAX refuses"
-        assert self.fails or not self.jax_refuses or self.one_process, (
-            f"{self.name}: past JAX, the oracle is one process")
+        for version in (JAX_NEW, JAX_FALLBACK):
+            refuses = self.refuses(version)
+            assert not self.fails or refuses, f"{self.name}: we refuse only what JAX {version} refuses"
+            assert self.fails or not refuses or self.one_process, (
+                f"{self.name}: past JAX {version}, the oracle is one process")
+
+    def refuses(self, version: str) -> str:
+        """JAX ``version``'s answer: "" where it runs the program, else a regex of its message."""
+        if version == JAX_NEW or self.jax_0_10 is None:
+            return self.jax_refuses
+        assert version == JAX_FALLBACK, version
+        return self.jax_0_10
 
     def pending_in(self, i: int) -> tuple[str, ...]:
         return self.in_unreduced[i] if i < len(self.in_unreduced) else ()
@@ -336,12 +364,12 @@ class UnreducedProgram(Program):
     def pending_out(self, i: int) -> tuple[str, ...]:
         return self.out_unreduced[i] if i < len(self.out_unreduced) else ()
 
-    @property
-    def oracle(self) -> str:
-        """Which answer our run is held to: "jax", "one process", "jax and one process" or "both refuse"."""
+    def oracle(self, version: str) -> str:
+        """Which answer our run is held to under JAX ``version``: "jax", "one process", "jax and one
+        process" or "both refuse"."""
         if self.fails:
             return "both refuse"
-        if self.jax_refuses:
+        if self.refuses(version):
             return "one process"
         return "jax and one process" if self.one_process else "jax"
 
@@ -420,11 +448,12 @@ UNREDUCED: list[UnreducedProgram] = [
        "gradient accumulation: two micro-batches' x.T @ y kept pending over 'dp', summed, one psum",
        one_process=True),
     _u("ur_pmean", X816, DPTP, [("dp", None)], "pmean over 'tp' of a pending sum (its sum over n)"),
-    # -- JAX refuses these and we allow them (linear): values and gradients equal one process --
+    # JAX 0.12 runs these, as we do; JAX 0.10.2 refused them (not implemented): under it, one process
     _u("ur_neg", X816, DPTP, [("dp", None), ("dp", None)], "-u and torch.neg(u), psum'd",
-       jax_refuses=jax_not_implemented("neg"), one_process=True, types=(("neg", *VDP_UTP),)),
+       jax_0_10=jax_not_implemented("neg"), one_process=True, types=(("neg", *VDP_UTP),)),
     _u("ur_sub", X816 * 2, DPTP * 2, [("dp", None)], "u - v of two pending sums, psum'd",
-       jax_refuses=jax_not_implemented("sub"), one_process=True),
+       jax_0_10=jax_not_implemented("sub"), one_process=True),
+    # -- JAX refuses these and we allow them (linear): values and gradients equal one process --
     _u("ur_matmul_invariant", [(8, 16), (4, 3)], [("dp", "tp"), ()], [("dp", None)] * 3,
        "u @ w, einsum('ij,jk->ik', u, w) and F.linear(u, w.T) with w invariant, psum'd; w's gradient is "
        "summed over 'tp' (and 'dp')", jax_refuses=JAX_DOT_GENERAL, one_process=True,
@@ -433,9 +462,11 @@ UNREDUCED: list[UnreducedProgram] = [
        "u * s, u * w, u * 2.0 and 3.0 * u with no cast to='reduced', psum'd",
        jax_refuses=JAX_NEEDS_REDUCED, one_process=True),
     _u("ur_div_mean", [(8, 16), ()], [("dp", "tp"), ()], [("dp", None), ("dp", None), ("dp",)],
-       "u / s, u / 2.0 and u.mean(0), psum'd", jax_refuses=jax_not_implemented("div"), one_process=True),
+       "u / s, u / 2.0 and u.mean(0), psum'd (JAX 0.12 runs u / s with s cast to='reduced' first, which we "
+       "do not have; ours: directly)", jax_refuses=JAX12_DENOMINATOR, jax_0_10=jax_not_implemented("div"),
+       one_process=True),
     _u("ur_flip_cumsum", X816, DPTP, [("dp", None), ("dp", None)],
-       "flip and cumsum of a pending sum, psum'd (JAX 0.10.2 runs the forward, its gradient fails)",
+       "flip and cumsum of a pending sum, psum'd (JAX 0.10.2 and 0.12 run the forward, the gradient fails)",
        jax_refuses=r"Expected cotangent type", one_process=True),
     _u("ur_matmul_out_unreduced", [(8, 16), (4, 3)], [("dp", "tp"), ()], [("dp", None)],
        "u @ w returned under an out_spec unreduced over 'tp'", out_unreduced=(("tp",),),
@@ -460,9 +491,9 @@ UNREDUCED: list[UnreducedProgram] = [
     _u("ur_all_to_all", X816, DPTP, [("dp", "tp")], "all_to_all over 'tp' of a pending sum",
        jax_refuses=JAX_PVARY_UNREDUCED, fails=VMA, message=_ours("`all_to_all`")),
     _u("ur_pmax", X816, DPTP, [("dp", None)], "pmax over 'tp' of a pending sum",
-       jax_refuses=JAX_PVARY_UNREDUCED, fails=VMA, message=_ours("`pmax`")),
+       jax_refuses=jax12_wrong_kind("pmax"), jax_0_10=JAX_PVARY_UNREDUCED, fails=VMA, message=_ours("`pmax`")),
     _u("ur_pmin", X816, DPTP, [("dp", None)], "pmin over 'tp' of a pending sum",
-       jax_refuses=JAX_PVARY_UNREDUCED, fails=VMA, message=_ours("`pmin`")),
+       jax_refuses=jax12_wrong_kind("pmin"), jax_0_10=JAX_PVARY_UNREDUCED, fails=VMA, message=_ours("`pmin`")),
     _u("ur_add_invariant", [(8, 16), (4,)], [("dp", "tp"), ()], [("dp", None)],
        "a pending sum plus an invariant value", jax_refuses=JAX_IMPLICIT_ADD, fails=VMA,
        message=_ours(r"`Tensor\.add` combines")),
@@ -473,13 +504,17 @@ UNREDUCED: list[UnreducedProgram] = [
        "a value unreduced over 'tp' plus one unreduced over 'dp'", jax_refuses=JAX_PVARY_UNREDUCED,
        fails=VMA, message=(r"`Tensor\.add`", r"'dp'", r"'tp'", r"psum")),
     _u("ur_tanh", X816, DPTP, [("dp", None)], "tanh of a pending sum",
-       jax_refuses=jax_not_implemented("tanh"), fails=VMA, message=_ours("`tanh` is not linear")),
+       jax_refuses=jax12_not_linear("tanh"),
+       jax_0_10=jax_not_implemented("tanh"), fails=VMA, message=_ours("`tanh` is not linear")),
     _u("ur_relu", X816, DPTP, [("dp", None)], "relu of a pending sum",
-       jax_refuses=jax_not_implemented("max"), fails=VMA, message=_ours("`relu` is not linear")),
+       jax_refuses=jax12_not_linear("max"),
+       jax_0_10=jax_not_implemented("max"), fails=VMA, message=_ours("`relu` is not linear")),
     _u("ur_exp", X816, DPTP, [("dp", None)], "exp of a pending sum",
-       jax_refuses=jax_not_implemented("exp"), fails=VMA, message=_ours("`exp` is not linear")),
+       jax_refuses=jax12_not_linear("exp"),
+       jax_0_10=jax_not_implemented("exp"), fails=VMA, message=_ours("`exp` is not linear")),
     _u("ur_div_by_pending", [(8, 16), ()], [("dp", "tp"), ()], [("dp", None)],
-       "an invariant scalar divided by a pending sum", jax_refuses=jax_not_implemented("div"), fails=VMA,
+       "an invariant scalar divided by a pending sum", jax_refuses=JAX12_DIV_BY_PENDING,
+       jax_0_10=jax_not_implemented("div"), fails=VMA,
        message=_ours(r"`Tensor\.div` divides by")),
     _u("ur_product_of_two", X816 * 2, DPTP * 2, [("dp", None)], "u * v of two pending sums",
        jax_refuses=r"cannot be unreduced since mul is bilinear", fails=VMA,
