@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from pathlib import Path
@@ -60,7 +60,7 @@ SKIPPED: list[str] = []
 # The JAX that judged this session (set when a test first gets the venv's python); conftest.py says it.
 JUDGED: list[str] = []
 
-Probe = Callable[[str], "tuple[tuple[int, int], str] | None"]
+Probe = Callable[[str], tuple[tuple[int, int], str] | None]
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,8 @@ def probe(candidate: str) -> tuple[tuple[int, int], str] | None:
     (absent, a pyenv shim with no version selected, no ``venv`` module)."""
     if candidate == sys.executable:  # the running Python answers without a subprocess
         import importlib.util
-        return (tuple(sys.version_info[:2]), sys.executable) if importlib.util.find_spec("venv") else None
+        here = (sys.version_info[0], sys.version_info[1])
+        return (here, sys.executable) if importlib.util.find_spec("venv") else None
     code = "import sys, venv; print(sys.version_info[0], sys.version_info[1], sys.executable)"
     try:
         proc = subprocess.run([candidate, "-c", code], check=False, capture_output=True, text=True,
@@ -115,7 +116,7 @@ def candidates(path: str, pyenv_root: str, running: str) -> list[str]:
 
 
 def choose(environ: Mapping[str, str] | None = None, running: str | None = None,
-           probe: Probe = probe) -> Choice:
+           ask: Probe = probe) -> Choice:
     """The JAX that judges the run (see the module's docstring): ``JAX_NEW`` from the first
     candidate that reports Python >= 3.12, else ``JAX_FALLBACK`` on ``running``."""
     environ = os.environ if environ is None else environ
@@ -128,7 +129,7 @@ def choose(environ: Mapping[str, str] | None = None, running: str | None = None,
     pyenv_root = environ.get("PYENV_ROOT") or str(Path(environ.get("HOME") or Path.home()) / ".pyenv")
     looked = candidates(environ.get("PATH", ""), pyenv_root, running)
     for candidate in looked:
-        answer = probe(candidate)
+        answer = ask(candidate)
         if answer and answer[0] >= NEW_PYTHON:
             (major, minor), exe = answer
             return Choice(JAX_NEW, exe, f"Python {major}.{minor} at {exe}")
