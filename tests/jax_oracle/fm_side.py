@@ -617,6 +617,11 @@ def ur_out_replicated(x):
     return _pend(x)
 
 
+@ur_body
+def ur_out_varying(x):
+    return x
+
+
 def _members_to_pending(rm: Any, program: programs.UnreducedProgram, i: int, members: torch.Tensor) -> Any:
     """Input ``i`` given as its stacked members: a DTensor with ``Partial("sum")`` on its pending axes,
     made by a first region that takes member ``k`` on index ``k`` of those axes and pcasts it."""

@@ -601,6 +601,11 @@ def ur_out_replicated(x):
     return _pend(x)
 
 
+@ur_body
+def ur_out_varying(x):
+    return x
+
+
 def run_unreduced_program(program: programs.UnreducedProgram
                           ) -> tuple[list[np.ndarray], list[np.ndarray], dict[str, Any]]:
     """One program of ``programs.UNREDUCED`` on an Explicit mesh: its global results and gradients, or its error."""

@@ -17,7 +17,9 @@ run is held to, under the JAX that judges the run (``_jax_venv.JAX_VERSION``: 0.
   but it is linear and we allow it: our results and
   gradients equal one process (``fm_side.UR_REFERENCES``: the sum of the members written out);
 - "both refuse": JAX raises, and we raise a ``VmaError`` on every rank, the same message, which
-  names the op (or the out_spec), the axis and the fix.
+  names the op (or the out_spec), the axis and the fix;
+- "we refuse, JAX 0.10.2 runs it" (the fallback only): a varying result under an unreduced out_spec,
+  which 0.10.2 cast implicitly and 0.12 refuses as we do; our ``VmaError`` is checked as above.
 
 ``test_jax_answers_as_the_table_says`` checks that JAX runs or refuses each program as the table
 records (with its message), so the split above stays honest when JAX changes.
@@ -45,7 +47,7 @@ pytestmark = pytest.mark.timeout(SETUP_BUDGET_S + JAX_RUN_TIMEOUT_S + 120)
 
 w8 = pool_fixture(8)
 
-BY_JAX = [p for p in UNREDUCED if not p.refuses(JAX_VERSION)]
+BY_JAX = [p for p in UNREDUCED if not p.refuses(JAX_VERSION) and not p.fails]
 PAST_JAX = [p for p in UNREDUCED if p.refuses(JAX_VERSION) and not p.fails]
 REFUSED = [p for p in UNREDUCED if p.fails]
 ONE_PROCESS = [p for p in UNREDUCED if p.one_process]
@@ -183,11 +185,13 @@ def test_one_process_reference_matches_jax(program: UnreducedProgram, jax_unredu
 
 @pytest.mark.parametrize("program", REFUSED, ids=_ids)
 def test_unreduced_refused_like_jax(program: UnreducedProgram, jax_unreduced: dict[str, Any], w8: Any) -> None:
-    assert jax_unreduced[program.name]["error"] is not None
+    if program.refuses(JAX_VERSION):
+        assert jax_unreduced[program.name]["error"] is not None
+    # else: JAX 0.10.2 runs it and we refuse, as 0.12 does (test_jax_answers_as_the_table_says checks JAX's part)
 
     def check(r: dict[str, Any]) -> list[str]:
         if r["error"] is None:
-            return [f"no error, but JAX raised {jax_unreduced[program.name]['error'][0]}"]
+            return [f"no error, but the table says we refuse it [{program.oracle(JAX_VERSION)}]"]
         name, message, _ = r["error"]
         problems = [] if name == "VmaError" else [f"{name} (want VmaError): {message}"]
         return problems + [f"the message does not match {pattern!r}: {message}" for pattern in program.message
