@@ -369,7 +369,7 @@ class UnreducedProgram(Program):
 
     def oracle(self, version: str) -> str:
         """Which answer our run is held to under JAX ``version``: "jax", "one process", "jax and one
-        process" or "both refuse"."""
+        process", "both refuse", or (under 0.10.2 only) "we refuse, JAX 0.10.2 runs it"."""
         if self.fails:
             return "both refuse" if self.refuses(version) else f"we refuse, JAX {version} runs it"
         if self.refuses(version):
