@@ -620,3 +620,28 @@ def f(dm, x, call, home):
         ("m", 2, "import torch.utils._pytree"), ("m", 3, "from torch.distributed._mesh_layout import _MeshLayout"),
         ("m", 4, "from torch.distributed.tensor import _dispatch"), ("m", 7, "_broadcast_to_and_flatten"),
         ("m", 8, "_layout"), ("m", 9, "_rank_map")]
+
+
+# -- sizes: the house's budgets ---------------------------------------------------------------------
+
+MODULE_LINES = 800  # no module of the package over this (split it by job first)
+BENCH_SCRIPT_LINES = 250  # each benchmarks/bench_*.py
+BENCH_HELPER_LINES = 420  # benchmarks/_harness.py and _report.py together (the budget ~400; 418 today)
+
+
+def _lines(path: pathlib.Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_no_module_is_over_its_budget():
+    sizes = {str(p.relative_to(PACKAGE.parent)): _lines(p) for p in sorted(PACKAGE.rglob("*.py"))}
+    over = {name: n for name, n in sizes.items() if n > MODULE_LINES}
+    assert not over, f"modules over {MODULE_LINES} lines (split them by job): {over}"
+
+
+def test_benchmarks_are_within_their_budgets():
+    bench = PACKAGE.parent / "benchmarks"
+    over = {p.name: _lines(p) for p in sorted(bench.glob("bench_*.py")) if _lines(p) > BENCH_SCRIPT_LINES}
+    assert not over, f"benchmark scripts over {BENCH_SCRIPT_LINES} lines: {over}"
+    helpers = sum(_lines(bench / name) for name in ("_harness.py", "_report.py"))
+    assert helpers <= BENCH_HELPER_LINES, f"the shared benchmark helpers have {helpers} lines"
