@@ -524,17 +524,11 @@ def cache_info() -> CacheInfo:
 
     Examples:
         >>> import torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
-        >>> rm = fm.realize(mesh)
-        >>> fm.cache_info()  # dp: 4 groups, tp: 2 groups
+        >>> fm.cache_info()  # rm's two axes: dp 4 groups, tp 2 groups
         CacheInfo(hits=0, misses=2, groups=6)
-        >>> whole = fm.realize(mesh.flatten())  # an axis over the whole world borrows the default group
+        >>> whole = fm.realize(rm.mesh.flatten())  # an axis over the whole world borrows the default group
         >>> fm.cache_info(), whole.group("dp_tp") is dist.group.WORLD
         (CacheInfo(hits=0, misses=3, groups=6), True)
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return CACHE.info()
 
@@ -549,10 +543,6 @@ def clear_cache() -> None:
 
     Examples:
         >>> import torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> fm.clear_cache()
         >>> fm.cache_info()
         CacheInfo(hits=0, misses=0, groups=0)

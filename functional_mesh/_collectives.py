@@ -94,14 +94,6 @@ def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
             (with ``async_op=True`` too: raised when the call is issued).
 
     Examples:
-        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
-        and types.
-
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> fm.psum(torch.ones(2, 3), "tp", mesh=rm).shape
         torch.Size([2, 3])
         >>> pending = fm.psum(torch.ones(2, 3), "tp", mesh=rm, async_op=True)  # started; returns at once
@@ -114,7 +106,6 @@ def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
         ...     return v
         >>> _ = fm.shard_map(body, mesh=rm, in_specs=fm.P("tp"), out_specs=fm.P("tp"))(torch.ones(8))
         AxisTypes(varying=frozenset())
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return dispatch(PSUM, psum, x, axis, mesh, {"async_op": async_op, "op_dtype": op_dtype})
 
@@ -151,20 +142,11 @@ def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
         VmaError: in a typed region, an operand varying over some of the axes and not the others.
 
     Examples:
-        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
-        and types.
-
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> fm.pmean(torch.ones(2, 3), ("dp", "tp"), mesh=rm).shape
         torch.Size([2, 3])
         >>> grads = torch.ones(4, dtype=torch.bfloat16)
         >>> fm.pmean(grads, "dp", mesh=rm, op_dtype=torch.float32, async_op=True).wait().dtype
         torch.bfloat16
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return dispatch(PMEAN, pmean, x, axis, mesh, {"async_op": async_op, "op_dtype": op_dtype})
 
@@ -199,14 +181,6 @@ def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
         VmaError: in a typed region, an operand varying over some of the axes and not the others.
 
     Examples:
-        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
-        and types.
-
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> x = torch.ones(2, 3, requires_grad=True)
         >>> y = fm.pmax(x, "tp", mesh=rm)
         >>> y.shape, y.requires_grad
@@ -216,7 +190,6 @@ def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
         ...     return v
         >>> _ = fm.shard_map(body, mesh=rm, in_specs=fm.P("tp"), out_specs=fm.P("tp"))(torch.ones(8))
         AxisTypes(varying=frozenset())
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return dispatch(PMAX, pmax, x, axis, mesh, {"async_op": async_op})
 
@@ -248,17 +221,8 @@ def pmin(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
         VmaError: in a typed region, an operand varying over some of the axes and not the others.
 
     Examples:
-        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
-        and types.
-
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> fm.pmin(torch.arange(6).reshape(2, 3), ("dp", "tp"), mesh=rm).shape
         torch.Size([2, 3])
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return dispatch(PMIN, pmin, x, axis, mesh, {"async_op": async_op})
 
@@ -291,14 +255,6 @@ def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
         VmaError: in a typed region, ``x`` already varies over one of the axes.
 
     Examples:
-        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
-        and types.
-
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> fm.pvary(torch.ones(3, requires_grad=True), "tp", mesh=rm).shape
         torch.Size([3])
         >>> def body(v):
@@ -306,7 +262,6 @@ def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
         ...     return v
         >>> _ = fm.shard_map(body, mesh=rm, in_specs=fm.P("tp"), out_specs=fm.P("tp"))(torch.ones(8))
         AxisTypes(varying=frozenset({'dp', 'tp'}))
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return dispatch(PVARY, pvary, x, axis, mesh, {"async_op": async_op})
 
@@ -350,15 +305,6 @@ def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
             already unreduced over it.
 
     Examples:
-        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
-        and types.
-
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from functional_mesh import P
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> fm.pcast(torch.ones(3), ("dp", "tp"), to="varying", mesh=rm).shape
         torch.Size([3])
         >>> def row_parallel(x, w):  # x: (4, 8/tp), w: (8/tp, 6): each member's product is one term
@@ -370,7 +316,6 @@ def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
         >>> f(torch.ones(4, 8), torch.ones(8, 6)).shape
         AxisTypes(varying=frozenset(), unreduced=frozenset({'tp'}))
         torch.Size([2, 12])
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return dispatch(PCAST, pcast, x, axis, mesh, {"to": to, "async_op": async_op})
 
@@ -435,14 +380,6 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
         UnknownAxisError: a name that is not an axis of the mesh.
 
     Examples:
-        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
-        and types.
-
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> x = torch.ones(2, 3)
         >>> fm.all_gather(x, "tp", mesh=rm).shape
         torch.Size([8, 3])
@@ -450,7 +387,6 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
         torch.Size([2, 8, 3])
         >>> fm.all_gather(x, "tp", mesh=rm, async_op=True).wait().shape
         torch.Size([8, 3])
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return dispatch(ALL_GATHER, all_gather, x, axis, mesh,
                      {"dim": dim, "tiled": tiled, "to": to, "async_op": async_op, "op_dtype": op_dtype})
@@ -495,14 +431,6 @@ def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, ti
         VmaError: in a typed region, an operand varying over some of the axes and not the others.
 
     Examples:
-        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
-        and types.
-
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> fm.psum_scatter(torch.ones(8, 3), "tp", mesh=rm).shape
         torch.Size([2, 3])
         >>> fm.psum_scatter(torch.ones(3, 8), ("dp", "tp"), dim=1, tiled=False, mesh=rm).shape
@@ -510,7 +438,6 @@ def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, ti
         >>> grads = torch.ones(8, 3, dtype=torch.bfloat16)  # reduced in float32, one rounding to bfloat16
         >>> fm.psum_scatter(grads, "tp", mesh=rm, op_dtype=torch.float32, async_op=True).wait().dtype
         torch.bfloat16
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return dispatch(PSUM_SCATTER, psum_scatter, x, axis, mesh,
                      {"dim": dim, "tiled": tiled, "async_op": async_op, "op_dtype": op_dtype})
@@ -550,19 +477,10 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
         UnknownAxisError: a name that is not an axis of the mesh.
 
     Examples:
-        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
-        and types.
-
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> fm.all_to_all(torch.ones(8, 6), "tp", 0, 1, mesh=rm).shape
         torch.Size([2, 24])
         >>> fm.all_to_all(torch.ones(4, 6), "tp", 0, 1, tiled=False, mesh=rm).shape
         torch.Size([6, 4])
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return dispatch(ALL_TO_ALL, all_to_all, x, axis, mesh,
                      {"split_dim": split_dim, "concat_dim": concat_dim, "tiled": tiled, "async_op": async_op})
@@ -602,17 +520,8 @@ def ragged_all_to_all(x: torch.Tensor, axis: str | Sequence[str], send_sizes: An
         UnknownAxisError: a name that is not an axis of the mesh.
 
     Examples:
-        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
-        and types.
-
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> fm.ragged_all_to_all(torch.ones(5, 3), "tp", [1, 2, 0, 2], [2, 0, 1, 1], mesh=rm).shape
         torch.Size([4, 3])
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return dispatch(RAGGED_ALL_TO_ALL, ragged_all_to_all, x, axis, mesh,
                      {"send_sizes": send_sizes, "recv_sizes": recv_sizes, "async_op": async_op})
@@ -651,17 +560,8 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
         UnknownAxisError: a name that is not an axis of the mesh.
 
     Examples:
-        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
-        and types.
-
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> fm.ppermute(torch.ones(2, 3), "tp", [(i, (i + 1) % 4) for i in range(4)], mesh=rm).shape
         torch.Size([2, 3])
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return dispatch(PPERMUTE, ppermute, x, axis, mesh, {"perm": perm, "async_op": async_op})
 
@@ -689,14 +589,8 @@ def axis_index(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -
         Rank 5 of 8 (at ``dp=1, tp=1``) under torch's fake backend, which moves no data: the examples show shapes
         and types.
 
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> fm.axis_index("dp", mesh=rm), fm.axis_index(("dp", "tp"), mesh=rm), fm.axis_index(("tp", "dp"), mesh=rm)
         (1, 5, 3)
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return dispatch(AXIS_INDEX, axis_index, None, axis, mesh, {})
 
@@ -720,20 +614,11 @@ def axis_size(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) ->
         MeshError: a name repeated, or no mesh given or entered.
 
     Examples:
-        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
-        and types.
-
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> fm.axis_size("tp", mesh=rm), fm.axis_size(("dp", "tp"), mesh=rm)
         (4, 8)
         >>> with rm:
         ...     fm.axis_size("dp")
         2
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     return dispatch(AXIS_SIZE, axis_size, None, axis, mesh, {})
 

@@ -47,13 +47,7 @@ def from_device_mesh(dm: Any) -> Mesh:
         TypeError: ``dm`` is not a ``DeviceMesh``.
 
     Examples:
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from functional_mesh import P, NamedSharding
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
-        >>> rm = fm.realize(mesh)
+        >>> mesh = rm.mesh
         >>> from torch.distributed.device_mesh import init_device_mesh
         >>> dm = init_device_mesh("cpu", (4, 2), mesh_dim_names=("dp", "tp"))
         >>> fm.from_device_mesh(dm)
@@ -62,7 +56,6 @@ def from_device_mesh(dm: Any) -> Mesh:
         [[0, 1], [2, 3], [4, 5], [6, 7]]
         >>> fm.from_device_mesh(rm.device_mesh) == mesh
         True
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     names, modes, ranks = _torch.mesh_parts(dm)
     return Mesh(names, tuple(Layout(shape, stride) for shape, stride in modes), ranks)
@@ -91,17 +84,10 @@ def distribute(tensor: torch.Tensor, sharding: NamedSharding, *, mesh: Any = Non
             outside ``with rm:``.
 
     Examples:
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from functional_mesh import P, NamedSharding
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
-        >>> rm = fm.realize(mesh)
-        >>> x = fm.distribute(torch.arange(8.0), NamedSharding(mesh, P("tp")), mesh=rm)
+        >>> mesh = rm.mesh
+        >>> x = fm.distribute(torch.arange(8.0), fm.NamedSharding(mesh, P("tp")), mesh=rm)
         >>> x.shape, x.to_local(), x.placements
         (torch.Size([8]), tensor([2., 3.]), (Replicate(), Shard(dim=0)))
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     rm = resolve_mesh("distribute", mesh)
     if not isinstance(sharding, NamedSharding):
@@ -195,20 +181,13 @@ def sharding_of(dtensor: DTensor) -> NamedSharding:
             it first), or placements no ``PartitionSpec`` can say.
 
     Examples:
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from functional_mesh import P, NamedSharding
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
-        >>> rm = fm.realize(mesh)
-        >>> x = fm.distribute(torch.ones(4, 8), NamedSharding(mesh, P("tp", "dp")), mesh=rm)
+        >>> mesh = rm.mesh
+        >>> x = fm.distribute(torch.ones(4, 8), fm.NamedSharding(mesh, P("tp", "dp")), mesh=rm)
         >>> fm.sharding_of(x)
         NamedSharding(Mesh(dp=2, tp=4), P('tp', 'dp'))
         >>> from torch.distributed.tensor import DTensor, Partial, Shard
         >>> fm.sharding_of(DTensor.from_local(torch.ones(2, 8), rm.device_mesh, [Partial(), Shard(0)]))
         NamedSharding(Mesh(dp=2, tp=4), P('tp', unreduced={'dp'}))
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     if not isinstance(dtensor, DTensor):
         raise TypeError(requires("sharding_of", "a DTensor", "dtensor", dtensor))
@@ -266,21 +245,14 @@ def reshard(x: Any, sharding: Any, *, mesh: Any = None, async_op: bool = False,
             A bare ``PartitionSpec`` with no mesh to put it on.
 
     Examples:
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from functional_mesh import P, NamedSharding
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
-        >>> rm = fm.realize(mesh)
-        >>> x = fm.distribute(torch.arange(8.0), NamedSharding(mesh, P("tp")), mesh=rm)
-        >>> y = fm.reshard(x, NamedSharding(mesh, P()))  # an all-gather over tp
+        >>> mesh = rm.mesh
+        >>> x = fm.distribute(torch.arange(8.0), fm.NamedSharding(mesh, P("tp")), mesh=rm)
+        >>> y = fm.reshard(x, fm.NamedSharding(mesh, P()))  # an all-gather over tp
         >>> fm.sharding_of(y), y.to_local().shape
         (NamedSharding(Mesh(dp=2, tp=4), P()), torch.Size([8]))
         >>> with rm:
         ...     fm.sharding_of(fm.reshard(x, P("dp")))  # a bare spec: on the current mesh
         NamedSharding(Mesh(dp=2, tp=4), P('dp'))
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     if isinstance(x, DTensor) and not async_op and bucket_bytes is None:
         target = _as_sharding(sharding, mesh)

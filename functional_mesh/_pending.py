@@ -125,21 +125,12 @@ class Pending:
         axis: the axes it communicates over (a tuple of names).
 
     Examples:
-        Rank 5 of 8 under torch's fake backend, which moves no data: the examples show shapes
-        and types.
-
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> pending = fm.psum(torch.ones(2, 3), "tp", mesh=rm, async_op=True)
         >>> pending
         Pending(psum over 'tp', not waited for)
         >>> other = torch.ones(3, 3) @ torch.ones(3, 3)  # work that overlaps the communication
         >>> pending.wait().shape, pending.wait() is pending.wait()
         (torch.Size([2, 3]), True)
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
 
     __slots__ = ("api", "axis", "_fn", "_call", "_slot", "_dtype", "_out", "_waited", "_then")

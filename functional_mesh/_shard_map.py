@@ -80,12 +80,6 @@ def typeof(t: torch.Tensor) -> _vma.AxisTypes:
         MeshError: no enclosing region, or one with ``check_vma=False`` (it tracks no types).
 
     Examples:
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from functional_mesh import P
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> def f(x):
         ...     print(fm.typeof(x), fm.typeof(fm.psum(x, "tp")))
         ...     return x
@@ -95,7 +89,6 @@ def typeof(t: torch.Tensor) -> _vma.AxisTypes:
         Traceback (most recent call last):
         ...
         functional_mesh.MeshError: `typeof` requires an enclosing shard_map region with check_vma=True, but got none
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(requires("typeof", "a torch.Tensor", "t", t))
@@ -137,12 +130,6 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
         Rank 5 of 8 on torch's fake backend, whose collectives carry no data: the local blocks
         show what this rank computes.
 
-        >>> import torch, torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from functional_mesh import P
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> double = fm.shard_map(lambda x: x * 2, in_specs=P("tp"), out_specs=P("tp"), mesh=rm)
         >>> y = double(torch.arange(8.0))  # a full tensor in: this rank's block is [2., 3.]
         >>> y.shape, y.to_local(), fm.sharding_of(y)
@@ -157,7 +144,6 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
         >>> total = fm.shard_map(lambda x: fm.psum(x.sum(), "tp"), in_specs=P("tp"), out_specs=P(), mesh=rm)
         >>> total(torch.arange(8.0)).shape
         torch.Size([])
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     if f is None:
         return functools.partial(shard_map, in_specs=in_specs, out_specs=out_specs, mesh=mesh, check_vma=check_vma)
