@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 
 export OMP_NUM_THREADS := 1
 
-.PHONY: install test test-all typecheck compat compat-jax test-torchtitan test-multinode fuzz demo bench docs clean FORCE
+.PHONY: install test test-all typecheck api compat compat-jax test-torchtitan test-multinode fuzz demo bench docs clean FORCE
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -129,6 +129,11 @@ bench: $(STAMP)
 		benchmarks/results/collectives.jsonl benchmarks/results/overlap.jsonl benchmarks/results/eager.jsonl \
 		benchmarks/results/moe.jsonl \
 		benchmarks/results/shard_map.jsonl benchmarks/results/compile.jsonl benchmarks/results/torchtitan.jsonl --docs docs/benchmarks.md
+
+# docs/api.md's index, generated from the docstrings below the page's hand-written head (tests/unit/test_api_index.py
+# fails when it is stale). tools/doc_lines.py prints how much of the package is docstring.
+api: $(STAMP)
+	$(PY) tools/gen_api.py
 
 # Optional: a static site of docs/ with mkdocs (the "docs" extra); every page is also doctested by make test.
 docs: $(STAMP)

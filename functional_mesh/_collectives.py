@@ -70,28 +70,16 @@ def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
 
     Args:
         x: this member's tensor.
-        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
-            calls it ``axis_name``.
-        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
-            ``with rm:``.
-        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
-            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
-        op_dtype: communicate and reduce in this dtype (``torch.float32`` for a bfloat16 ``x``), then
-            cast the result back to ``x``'s dtype, once; the backward communicates in it too.
-            ``None`` (the default): in ``x``'s dtype.
+        axis, mesh, async_op, op_dtype: as for every collective (docs/api.md, "Shared arguments").
 
     Returns:
         A new tensor, the sum, with ``x``'s shape and dtype.
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
+        Every collective's errors (docs/api.md, "Shared arguments"), and:
         TypeError: ``x`` is not a tensor (for ``psum(1, axis)``, JAX's idiom for the size of the
-            axes, call :func:`axis_size`), ``async_op`` not a bool, or ``mesh`` a pure ``Mesh``.
-        UnknownAxisError: a name that is not an axis of the mesh.
-        MeshError: ``op_dtype`` not a dtype of ``x``'s kind, a name repeated, no mesh given or
-            entered, or this rank outside the mesh.
-        VmaError: in a typed region, an operand varying over some of the axes and not the others
-            (with ``async_op=True`` too: raised when the call is issued).
+            axes, call :func:`axis_size`).
 
     Examples:
         >>> fm.psum(torch.ones(2, 3), "tp", mesh=rm).shape
@@ -120,26 +108,14 @@ def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
     Args:
         x: this member's tensor (floating point: the division is true division; with ``op_dtype``,
             in that dtype).
-        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
-            calls it ``axis_name``.
-        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
-            ``with rm:``.
-        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
-            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
-        op_dtype: communicate and reduce in this dtype (``torch.float32`` for a bfloat16 ``x``), then
-            cast the result back to ``x``'s dtype, once; the backward communicates in it too.
-            ``None`` (the default): in ``x``'s dtype.
+        axis, mesh, async_op, op_dtype: as for every collective (docs/api.md, "Shared arguments").
 
     Returns:
         A new tensor, the mean, with ``x``'s shape.
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, ``async_op`` not a bool, or ``mesh`` a pure ``Mesh``.
-        UnknownAxisError: a name that is not an axis of the mesh.
-        MeshError: ``op_dtype`` not a dtype of ``x``'s kind, a name repeated, no mesh given or
-            entered, or this rank outside the mesh.
-        VmaError: in a typed region, an operand varying over some of the axes and not the others.
+        Every collective's errors (docs/api.md, "Shared arguments").
 
     Examples:
         >>> fm.pmean(torch.ones(2, 3), ("dp", "tp"), mesh=rm).shape
@@ -163,22 +139,15 @@ def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
 
     Args:
         x: this member's tensor (real: integers or floating point).
-        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
-            calls it ``axis_name``.
-        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
-            ``with rm:``.
-        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
-            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
+        axis, mesh, async_op: as for every collective (docs/api.md, "Shared arguments").
 
     Returns:
         A new tensor, the maximum, with ``x``'s shape and dtype.
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, or is complex, ``async_op`` not a bool, or ``mesh`` a pure ``Mesh``.
-        UnknownAxisError: a name that is not an axis of the mesh.
-        MeshError: a name repeated, no mesh given or entered, or this rank outside the mesh.
-        VmaError: in a typed region, an operand varying over some of the axes and not the others.
+        Every collective's errors (docs/api.md, "Shared arguments"), and:
+        TypeError: ``x`` is complex.
 
     Examples:
         >>> x = torch.ones(2, 3, requires_grad=True)
@@ -203,22 +172,15 @@ def pmin(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
 
     Args:
         x: this member's tensor (real: integers or floating point).
-        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
-            calls it ``axis_name``.
-        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
-            ``with rm:``.
-        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
-            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
+        axis, mesh, async_op: as for every collective (docs/api.md, "Shared arguments").
 
     Returns:
         A new tensor, the minimum, with ``x``'s shape and dtype.
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, or is complex, ``async_op`` not a bool, or ``mesh`` a pure ``Mesh``.
-        UnknownAxisError: a name that is not an axis of the mesh.
-        MeshError: a name repeated, no mesh given or entered, or this rank outside the mesh.
-        VmaError: in a typed region, an operand varying over some of the axes and not the others.
+        Every collective's errors (docs/api.md, "Shared arguments"), and:
+        TypeError: ``x`` is complex.
 
     Examples:
         >>> fm.pmin(torch.arange(6).reshape(2, 3), ("dp", "tp"), mesh=rm).shape
@@ -237,21 +199,14 @@ def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
 
     Args:
         x: this member's tensor, invariant over ``axis`` (in a typed region: typed so).
-        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
-            calls it ``axis_name``.
-        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
-            ``with rm:``.
-        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
-            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
+        axis, mesh, async_op: as for every collective (docs/api.md, "Shared arguments").
 
     Returns:
         ``x``'s values as a new tensor, varying over ``axis``.
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, ``async_op`` not a bool, or ``mesh`` a pure ``Mesh``.
-        UnknownAxisError: a name that is not an axis of the mesh.
-        MeshError: a name repeated, no mesh given or entered, or this rank outside the mesh.
+        Every collective's errors (docs/api.md, "Shared arguments"), and:
         VmaError: in a typed region, ``x`` already varies over one of the axes.
 
     Examples:
@@ -282,23 +237,16 @@ def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
     Args:
         x: this member's tensor: invariant over ``axis`` (``to="varying"``) or varying over it
             (``to="unreduced"``).
-        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
-            calls it ``axis_name``.
+        axis, mesh, async_op: as for every collective (docs/api.md, "Shared arguments").
         to: the target: ``"varying"`` or ``"unreduced"``.
-        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
-            ``with rm:``.
-        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
-            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
 
     Returns:
         What :func:`pvary` returns.
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        MeshError: another target, a name repeated, no mesh given or entered, or this rank
-            outside the mesh.
-        TypeError: ``x`` is not a tensor, ``async_op`` not a bool, or ``mesh`` a pure ``Mesh``.
-        UnknownAxisError: a name that is not an axis of the mesh.
+        Every collective's errors (docs/api.md, "Shared arguments"), and:
+        MeshError: another target.
         VmaError: in a typed region: ``to="varying"`` of a value that already varies over one
             of the axes (or is unreduced over it); ``to="unreduced"`` of a value invariant over
             one of the axes (its members' sum would be ``n`` times it; JAX refuses it too) or
@@ -354,30 +302,21 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
 
     Args:
         x: this member's block (every member's of the same shape).
-        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
-            calls it ``axis_name``. JAX's keyword ``axis=`` (the dim) is our ``dim=``.
+        axis, mesh, async_op, op_dtype: as for every collective (docs/api.md, "Shared
+            arguments"). JAX's keyword ``axis=`` (the dim) is our ``dim=``.
         dim: the dim to gather along (tiled: concatenated; untiled: a new dim at ``dim``).
         tiled: concatenate (``True``) or stack (``False``).
         to: ``"varying"`` or ``"invariant"``.
-        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
-            ``with rm:``.
-        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
-            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
-        op_dtype: communicate and reduce in this dtype (``torch.float32`` for a bfloat16 ``x``), then
-            cast the result back to ``x``'s dtype, once; the backward communicates in it too.
-            ``None`` (the default): in ``x``'s dtype.
 
     Returns:
         A new tensor: ``x`` with ``dim`` ``n`` times longer (tiled), or with a new dim of size ``n``.
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, ``tiled`` not a bool, ``async_op`` not a bool, ``mesh`` a pure
-            ``Mesh``, or the
-            JAX spelling ``all_gather(x, axis_name, axis=d)`` (ours: ``all_gather(x, axis, dim=d)``).
-        MeshError: ``dim`` out of range, an unknown target, ``op_dtype`` not a dtype of ``x``'s
-            kind, a name repeated, no mesh given or entered, or this rank outside the mesh.
-        UnknownAxisError: a name that is not an axis of the mesh.
+        Every collective's errors (docs/api.md, "Shared arguments"), and:
+        TypeError: ``tiled`` not a bool, or the JAX spelling ``all_gather(x, axis_name, axis=d)``
+            (ours: ``all_gather(x, axis, dim=d)``).
+        MeshError: ``dim`` out of range, or an unknown target.
 
     Examples:
         >>> x = torch.ones(2, 3)
@@ -406,29 +345,18 @@ def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, ti
 
     Args:
         x: this member's tensor; ``x.shape[dim]`` divisible by the members' count (untiled: equal).
-        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
-            calls it ``axis_name``.
+        axis, mesh, async_op, op_dtype: as for every collective (docs/api.md, "Shared arguments").
         dim: the dim to scatter (JAX's ``scatter_dimension``).
         tiled: keep a block of ``dim`` (``True``, our default; JAX's is ``False``) or drop ``dim``.
-        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
-            ``with rm:``.
-        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
-            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
-        op_dtype: communicate and reduce in this dtype (``torch.float32`` for a bfloat16 ``x``), then
-            cast the result back to ``x``'s dtype, once; the backward communicates in it too.
-            ``None`` (the default): in ``x``'s dtype.
 
     Returns:
         A new tensor: ``x`` with ``dim`` ``n`` times shorter, or without ``dim`` (untiled).
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, ``tiled`` not a bool, ``async_op`` not a bool, or ``mesh`` a pure
-            ``Mesh``.
-        MeshError: ``dim`` out of range or not divisible, ``op_dtype`` not a dtype of ``x``'s kind,
-            a name repeated, no mesh given or entered, or this rank outside the mesh.
-        UnknownAxisError: a name that is not an axis of the mesh.
-        VmaError: in a typed region, an operand varying over some of the axes and not the others.
+        Every collective's errors (docs/api.md, "Shared arguments"), and:
+        TypeError: ``tiled`` not a bool.
+        MeshError: ``dim`` out of range or not divisible.
 
     Examples:
         >>> fm.psum_scatter(torch.ones(8, 3), "tp", mesh=rm).shape
@@ -455,26 +383,19 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
 
     Args:
         x: this member's tensor; ``x.shape[split_dim]`` divisible by the members' count.
-        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
-            calls it ``axis_name``.
+        axis, mesh, async_op: as for every collective (docs/api.md, "Shared arguments").
         split_dim: the dim cut into one block per member (JAX's ``split_axis``).
         concat_dim: the dim the arrivals are laid along (JAX's ``concat_axis``).
         tiled: ``True`` (our default) or ``False`` (JAX's).
-        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
-            ``with rm:``.
-        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
-            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
 
     Returns:
         A new tensor: ``split_dim`` ``n`` times shorter and ``concat_dim`` ``n`` times longer.
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, ``tiled`` not a bool, ``async_op`` not a bool, or ``mesh`` a pure
-            ``Mesh``.
-        MeshError: a dim out of range, ``split_dim`` not divisible, a name repeated, no mesh given
-            or entered, or this rank outside the mesh.
-        UnknownAxisError: a name that is not an axis of the mesh.
+        Every collective's errors (docs/api.md, "Shared arguments"), and:
+        TypeError: ``tiled`` not a bool.
+        MeshError: a dim out of range, ``split_dim`` not divisible.
 
     Examples:
         >>> fm.all_to_all(torch.ones(8, 6), "tp", 0, 1, mesh=rm).shape
@@ -497,27 +418,22 @@ def ragged_all_to_all(x: torch.Tensor, axis: str | Sequence[str], send_sizes: An
 
     Args:
         x: this member's rows (at least one dim).
-        axis: one mesh axis name, or a tuple of names whose product group was realized; JAX
-            calls it ``axis_name``.
+        axis, mesh, async_op: as for every collective (docs/api.md, "Shared arguments"); a tuple of
+            names needs its product group realized.
         send_sizes: a sequence of ints or a 1-D integer tensor, one size per member, summing to
             ``x.shape[0]``.
         recv_sizes: the same for what arrives; ``None``: the members exchange their counts first
             (one small all-to-all; eagerly only, under torch.compile pass them as Python ints).
-        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
-            ``with rm:``.
-        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
-            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
 
     Returns:
         A new tensor of ``sum(recv_sizes)`` rows.
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, sizes not ints, ``async_op`` not a bool, or ``mesh`` a pure ``Mesh``.
+        Every collective's errors (docs/api.md, "Shared arguments"), and:
+        TypeError: sizes not ints.
         MeshError: sizes of the wrong length, negative or not summing to ``x``'s rows, tensor sizes
-            or ``recv_sizes=None`` under torch.compile, a tuple without its product group, a name
-            repeated, no mesh given or entered, or this rank outside the mesh.
-        UnknownAxisError: a name that is not an axis of the mesh.
+            or ``recv_sizes=None`` under torch.compile, a tuple without its product group.
 
     Examples:
         >>> fm.ragged_all_to_all(torch.ones(5, 3), "tp", [1, 2, 0, 2], [2, 0, 1, 1], mesh=rm).shape
@@ -539,25 +455,19 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
 
     Args:
         x: this member's tensor.
-        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
-            calls it ``axis_name``.
+        axis, mesh, async_op: as for every collective (docs/api.md, "Shared arguments").
         perm: ``(source, destination)`` pairs of axis indices, each index at most once as a source
             and once as a destination.
-        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
-            ``with rm:``.
-        async_op: ``True``: start the communication and return at once a :class:`Pending`, whose
-            ``wait()`` gives the result (see :class:`Pending` for what overlaps).
 
     Returns:
         A new tensor of ``x``'s shape.
         With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
-        TypeError: ``x`` is not a tensor, ``perm`` not pairs, ``async_op`` not a bool, or ``mesh`` a pure
-            ``Mesh``.
+        Every collective's errors (docs/api.md, "Shared arguments"), and:
+        TypeError: ``perm`` not pairs.
         MeshError: an index out of range or used twice, a tuple without its product group under
-            torch.compile, a name repeated, no mesh given or entered, or this rank outside the mesh.
-        UnknownAxisError: a name that is not an axis of the mesh.
+            torch.compile.
 
     Examples:
         >>> fm.ppermute(torch.ones(2, 3), "tp", [(i, (i + 1) % 4) for i in range(4)], mesh=rm).shape
@@ -572,18 +482,13 @@ def axis_index(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -
     Inside a ``shard_map`` region it is a 0-d int32 tensor that varies over ``axis``, as in JAX.
 
     Args:
-        axis: one mesh axis name, or a tuple of names for their product (first name major); JAX
-            calls it ``axis_name``.
-        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
-            ``with rm:``.
+        axis, mesh: as for every collective (docs/api.md, "Shared arguments").
 
     Returns:
         An int in ``0 .. axis_size(axis) - 1`` (in a region: a 0-d int32 tensor).
 
     Raises:
-        TypeError: ``mesh`` is a pure ``Mesh``.
-        UnknownAxisError: a name that is not an axis of the mesh.
-        MeshError: a name repeated, no mesh given or entered, or this rank outside the mesh.
+        Every collective's errors (docs/api.md, "Shared arguments").
 
     Examples:
         Rank 5 of 8 (at ``dp=1, tp=1``) under torch's fake backend, which moves no data: the examples show shapes
@@ -601,17 +506,13 @@ def axis_size(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) ->
     JAX's idiom ``psum(1, axis_name)`` for this is ``fm.axis_size(axis)`` here.
 
     Args:
-        axis: one mesh axis name, or a tuple of names for their product; JAX calls it ``axis_name``.
-        mesh: a :class:`RealizedMesh`; ``None``: the ``shard_map`` region's, else the innermost
-            ``with rm:``.
+        axis, mesh: as for every collective (docs/api.md, "Shared arguments").
 
     Returns:
         A Python int.
 
     Raises:
-        TypeError: ``mesh`` is a pure ``Mesh``.
-        UnknownAxisError: a name that is not an axis of the mesh.
-        MeshError: a name repeated, or no mesh given or entered.
+        Every collective's errors (docs/api.md, "Shared arguments").
 
     Examples:
         >>> fm.axis_size("tp", mesh=rm), fm.axis_size(("dp", "tp"), mesh=rm)

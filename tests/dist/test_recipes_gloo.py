@@ -1,6 +1,6 @@
 """The multi-process examples of the docs, run as written on 8 real gloo workers (one pool).
 
-- Every fenced block of docs/recipes.md, docs/migration_jax.md and docs/api.md whose first line is
+- Every fenced block of docs/recipes.md, docs/migration_jax.md and docs/collectives.md whose first line is
   ``# torchrun --nproc_per_node=8`` runs on every rank; the blocks check their own results with
   ``assert`` (the recipes: a block you already hold entering a region through
   ``DTensor.from_local``; a fixed-capacity mixture of experts over ``fm.all_to_all`` against one
@@ -23,7 +23,7 @@ from tests.test_docs_migration_jax import ROOT, numbers_rows, plain, torchrun_bl
 
 w8 = pool_fixture(8)
 
-PAGES = ["recipes.md", "migration_jax.md", "api.md"]
+PAGES = ["recipes.md", "migration_jax.md", "collectives.md"]
 BLOCKS = [(page, i, block) for page in PAGES for i, block in enumerate(torchrun_blocks(ROOT / "docs" / page))]
 
 
@@ -51,7 +51,7 @@ def numbers_on_this_rank(exprs: list[str]) -> dict:
 def test_the_pages_hold_the_blocks_this_module_runs():
     assert [page for page, _, _ in BLOCKS].count("recipes.md") == 4  # a held shard, MoE, two pipelines
     assert [page for page, _, _ in BLOCKS].count("migration_jax.md") >= 1
-    assert [page for page, _, _ in BLOCKS].count("api.md") >= 1
+    assert [page for page, _, _ in BLOCKS].count("collectives.md") >= 1
 
 
 @pytest.mark.parametrize(("page", "index", "block"), BLOCKS, ids=[f"{p}[{i}]" for p, i, _ in BLOCKS])
