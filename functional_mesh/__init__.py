@@ -4,7 +4,8 @@ This module only re-exports; the implementation lives in private modules (``_mes
 ``_realize.py``, ...) whose layers ``README.md`` in this folder lists. The pure layer (``Mesh``,
 ``make_mesh``, shardings, layouts) imports without torch; the effectful and torch-facing names
 (``realize``, collectives, interop) load their module on first use (PEP 562), so planning a mesh
-needs no torch at all.
+needs no torch at all. The docstrings' examples that use ``rm`` run as rank 5 of 8 of torch's fake
+backend, ``rm = realize(make_mesh((2, 4), ("dp", "tp")))`` (docs/api.md, "Examples").
 """
 
 import importlib as _importlib  # private: dir(functional_mesh) lists the public names only

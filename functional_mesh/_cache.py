@@ -9,8 +9,8 @@ reached by different paths share groups. A group's whole life is here:
 - made: :meth:`GroupCache.realize_groups` (one ``new_group`` per missing member tuple, one
   ``split_group`` for an axis, or the default group borrowed), and the default group itself when
   realize starts the job (:func:`init_default`);
-- lent: size-1 axes have no group; the one-rank group torch is lent for them (``rm.group``,
-  ``rm.device_mesh``) is made by the first realize call that needs it (``self_group``);
+- lent: size-1 axes have no group; the one-rank group lent to torch for them (``self_group``;
+  docs/design.md, "Size-1 axes") is made by the first realize call that needs it;
 - made by its members alone: a ``members_only`` realize call makes only this rank's groups,
   with :func:`_torch.local_group`, under a name derived from the ordered member tuple, the
   settings and how many such groups this process made for that tuple before (never from torch's
@@ -29,6 +29,8 @@ reached by different paths share groups. A group's whole life is here:
 epoch refuses to be used, and ``ended`` says how its groups ended. Inspect the cache with
 :func:`cache_info`. The decisions carried out here (which method makes a group) are pure
 functions of ``_realize_plan.py``.
+
+Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
 """
 
 from __future__ import annotations
@@ -181,12 +183,7 @@ class _Lookup:
         _torch.set_group_desc(pg, "mesh_" + "+".join(labels))
 
     def _lent_group(self) -> Any:
-        """This rank's one-rank group on torch's fake backend, for torch's use of size-1 axes.
-
-        Made by the first realize call that realizes a size-1 axis (or product) on a member rank,
-        by this rank alone: it is not counted by torch's group counter, so ranks outside the mesh
-        stay in step with those inside. One per process until :func:`clear_cache` destroys it.
-        """
+        """The one-rank group lent to torch for size-1 axes (docs/design.md, "Size-1 axes"), made once."""
         if self.self_group is None:
             self.self_group = _torch.one_rank_group(f"functional_mesh_self_{dist.get_rank()}_{self.epoch}",
                                                     "mesh_size1")

@@ -8,23 +8,11 @@ uniform: each passes its arguments to ``_call.dispatch``, which sends the call t
 (if any) or runs the record. The region (``_region``) handles every collective through its
 record and never names one. Adding a collective is one record, its public function, tests, docs.
 
-Semantics. Tensors in, new tensors out. ``axis`` is one axis name or a tuple of names (their
-product, first name major). Chunk order is mesh order: realize creates every group with its
-members in mesh order, so group rank ``i`` is coordinate ``i`` along the axis. Autograd (the same
-on every supported torch), with replicated cotangents as in Megatron: ``psum`` backward is the
-identity, ``pvary`` is the identity forward and ``psum`` backward, ``pmean`` is ``psum / n``,
-``pmax``/``pmin`` send the cotangent to the members holding the result (ties split evenly),
-``all_gather`` and ``psum_scatter`` are each other's transposes, ``all_to_all`` and
-``ragged_all_to_all`` go back by the inverse exchange and ``ppermute`` by the inverse permutation.
-
-Groups. A tuple of axes uses the product group when the cache holds it (``realize(mesh,
-products=[axes])``); otherwise ``psum``/``pvary`` go axis by axis, ``all_gather`` innermost axis
-first, ``psum_scatter`` outermost first, ``ppermute`` point to point, ``pmax``/``pmin`` axis by
-axis (ties counted over the whole tuple); ``all_to_all`` composes one exchange per axis;
-``ragged_all_to_all`` needs the product group. A collective never creates a
-group. A size-1 axis has no group and costs no communication: it is left out of a tuple's plan,
-and a collective over size-1 axes only is one local step (a copy; zeros for a ``ppermute`` that
-sends nothing) with the same values and gradients.
+What the collectives share (tensors in, new tensors out; ``axis``, ``mesh``, ``async_op``,
+``op_dtype``; the plan of a tuple of axes; the errors) is written once, in docs/api.md, "Shared
+arguments", and their autograd rules in docs/design.md, "Collectives and autograd". A size-1 axis
+has no group and costs no communication (docs/design.md, "Size-1 axes"). The examples use ``rm``,
+rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
 
 Two rooms beside this one: ``_runs`` holds how each record runs a bound call (its parameters
 checked, its steps over the call's groups, its untyped convention, its debug text); ``_call`` the
@@ -55,9 +43,7 @@ __all__ = ["COLLECTIVES", "RAW", "all_gather", "all_to_all", "axis_index", "axis
 
 # -- the public functions: thin and uniform ----------------------------------------------------------
 #
-# Every docstring's examples run as doctests in one process of an 8-rank job under torch's fake
-# backend: fake collectives carry no data, so the examples show shapes and types, and the text
-# says what the values are.
+# Fake collectives carry no data: the examples show shapes and types, and the text says the values.
 
 def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None, async_op: bool = False,
          op_dtype: torch.dtype | None = None) -> torch.Tensor | Pending:

@@ -12,6 +12,8 @@ Other modules read a handle through the functions at the end of this module (``h
 ``index_along``, ``check_alive``, ``recall``/``remember``, ``selected_from``), never through its
 slots: what the collectives and the region keep per handle lives in the handle's memo, valid
 while its groups live.
+
+Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
 """
 
 from __future__ import annotations
@@ -157,14 +159,9 @@ class _Queries:
     def group(self, axis: str | Sequence[str]) -> Any:
         """This rank's ``ProcessGroup`` for ``axis`` (``None`` when this rank is outside the mesh).
 
-        A tuple of axes gives the product group when it was realized (``products=``).
-
-        A size-1 axis (or product) has no group of its own: realize makes none, and the
-        collectives need none. Asked for one, the handle lends this rank's one-rank group on
-        torch's fake backend: it uses no communicator, every collective over it is exact for one
-        rank (except that ``ReduceOp.PREMUL_SUM`` does not apply its factor), realize made it on
-        this rank alone (torch's group counter does not move), and every size-1 axis shares it
-        (``group_desc`` "mesh_size1"). Asking for it creates nothing.
+        A tuple of axes gives the product group when it was realized (``products=``). A size-1
+        axis has no group of its own: asked for one, the handle lends the one-rank group realize
+        made (docs/design.md, "Size-1 axes"). Asking creates nothing.
         """
         api = "RealizedMesh.group"
         self._check_alive(api)
@@ -234,9 +231,8 @@ class _TorchMesh:
 
         Built once, lazily, with ``DeviceMesh.from_group`` (no new groups). A selection whose
         axes keep the root's order is a slice of the root's ``device_mesh``, so FSDP2 and
-        tensor parallel can share one torch root. A size-1 dim holds the one-rank group that
-        :meth:`group` lends (FSDP2 and ``distribute_tensor`` ask for it); an axis left out by
-        ``realize(axes=...)`` is a dim without a group.
+        tensor parallel can share one torch root. A size-1 dim holds the lent group of
+        :meth:`group`; an axis left out by ``realize(axes=...)`` is a dim without a group.
         """
         self._check_alive("RealizedMesh.device_mesh")
         if self._coordinate is None:

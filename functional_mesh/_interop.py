@@ -10,6 +10,8 @@ Under ``torch.compile``, ``distribute`` and ``reshard`` break the graph no more 
 this rank's coordinate, the torch mesh) is a *plan*, made in plain Python while dynamo traces and
 a constant of the graph (``torch.compiler.assume_constant_result``); only the arithmetic on the
 tensor's shape is traced, so symbolic shapes work too.
+
+Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ What overlaps with the caller's computation is therefore the first communication
 collective for one axis, a product group or ``ppermute`` point to point, the first hop of a
 tuple of axes composed per axis. ``ragged_all_to_all`` with ``recv_sizes=None`` exchanges its
 counts before it returns (blocking, once), then starts the rows. The backward is blocking.
+
+Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
 """
 
 from __future__ import annotations

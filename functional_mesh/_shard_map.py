@@ -21,6 +21,8 @@ types. An untyped region installs no mode: its ops are plain torch, and only the
 for the open region (JAX's untyped gradient convention). Under torch.compile the whole region is
 traced: the types, the table's answers and the boundary's plans are decided while tracing, and
 the compiled code holds the ops, casts and collectives only.
+
+Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ Nothing here runs an op: ``_op_rules.py`` maps torch functions to these rules an
 ``_interpret.py`` interprets them. Type errors are :class:`VmaError`, a ``MeshError`` (so a
 ``ValueError``): never a ``TypeError``, which torch turns into "unsupported operand type(s)" when
 it is raised inside ``__torch_function__`` of a reflected operator (``2 - x``).
+
+Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
 """
 
 from __future__ import annotations
