@@ -23,14 +23,9 @@ the rest at ``wait()`` (``_pending`` says how). Every step that communicates pas
 the call's slot in :func:`apply_step` (``Extremum``'s and point to point's in theirs); a call without
 either pays one more frame.
 
-Debug mode (off by default): with ``FUNCTIONAL_MESH_CHECK_COLLECTIVES=1`` in the environment (read
-at every call), each communication first compares, among the members of the group it is about to
-use, what every member asks for (operation, axes, parameters, mesh, tensor shape and dtype),
-through the default store with realize's bounded wait (``$FUNCTIONAL_MESH_CHECK_TIMEOUT``, default
-60 s), and raises ``MeshError`` on every member that got there when they differ or one does not
-arrive. ``=mesh`` compares among every device of the mesh instead: it also catches a rank whose
-program uses another axis than the rest of the mesh, but needs every rank of the mesh to make the
-same sequence of collectives (SPMD). Off, the cost is one environment lookup per call.
+Debug mode (``FUNCTIONAL_MESH_CHECK_COLLECTIVES``, docs/realize.md): each communication first
+compares the members' calls through the store with realize's bounded wait; off, the cost is one
+environment lookup per call.
 """
 
 from __future__ import annotations

@@ -211,14 +211,10 @@ def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
           mesh: RealizedMesh | None = None, async_op: bool = False) -> torch.Tensor | Pending:
     """JAX's ``pcast``: change how ``x`` is typed over ``axis``; no communication.
 
-    ``to="varying"`` is :func:`pvary`: an invariant value becomes varying (its backward sums the
-    cotangent over ``axis``). ``to="unreduced"``: a value varying over ``axis`` becomes a *pending
-    sum* over it (JAX's ``unreduced``, DTensor's ``Partial("sum")``): each member's tensor is one
-    term, and the value meant is their sum. Linear ops keep a pending sum (add two of them, scale or
-    matmul one by an invariant weight, reshape, sum, ...; docs/shard_map.md has the table), and
-    :func:`psum` (invariant) or :func:`psum_scatter` (varying) ends it, once, however many ops
-    came between. Its forward and backward are the identity. Outside a typed region (no
-    types) both are the identity.
+    ``to="varying"`` is :func:`pvary`. ``to="unreduced"``: a value varying over ``axis`` becomes a
+    *pending sum* over it (JAX's ``unreduced``, DTensor's ``Partial("sum")``), which linear ops keep
+    and :func:`psum` or :func:`psum_scatter` ends, once (docs/shard_map.md, "Pending sums"); forward
+    and backward are the identity, and outside a typed region both casts are.
 
     Args:
         x: this member's tensor: invariant over ``axis`` (``to="varying"``) or varying over it
@@ -477,9 +473,6 @@ def axis_index(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -
         Every collective's errors (docs/api.md, "Shared arguments").
 
     Examples:
-        Rank 5 of 8 (at ``dp=1, tp=1``) under torch's fake backend, which moves no data: the examples show shapes
-        and types.
-
         >>> fm.axis_index("dp", mesh=rm), fm.axis_index(("dp", "tp"), mesh=rm), fm.axis_index(("tp", "dp"), mesh=rm)
         (1, 5, 3)
     """

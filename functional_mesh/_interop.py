@@ -207,14 +207,10 @@ def reshard(x: Any, sharding: Any, *, mesh: Any = None, async_op: bool = False,
     ``Partial`` source is reduced on the way. ``sharding`` may be a bare ``PartitionSpec``: on
     ``mesh=`` or the current ``with rm:`` mesh, as ``jax.reshard`` takes one.
 
-    **Across meshes** (another mesh: disjoint, overlapping or the same ranks laid out otherwise;
-    docs/across_meshes.md): every rank of the two meshes calls it, in the same order; no other rank
-    calls anything. A rank holding part of the source passes the DTensor; a rank holding none passes
-    ``fm.ShapeDtypeStruct(shape, dtype, sharding=source)``. ``x`` and ``sharding`` may be pytrees (a
-    whole state dict, one sharding for every leaf or a tree of them, as ``jax.device_put``): every
-    piece one rank sends another in a stage, of every leaf, travels in one message, over one
-    uneven all-to-all of a bridge group that ``realize`` makes once for the union of the ranks.
-    Local pieces are copied, never sent. The result has no autograd history.
+    **Across meshes** (docs/across_meshes.md): every rank of the two meshes calls it, in the same
+    order, with a DTensor where it holds part of the source and
+    ``fm.ShapeDtypeStruct(shape, dtype, sharding=source)`` where it holds none; pytrees of them
+    travel together, one message per pair of ranks per stage. The result has no autograd history.
 
     Args:
         x: a DTensor, a ``ShapeDtypeStruct`` (a rank without a source block), or a pytree of them.
@@ -225,10 +221,8 @@ def reshard(x: Any, sharding: Any, *, mesh: Any = None, async_op: bool = False,
             mesh, where a bare ``PartitionSpec`` lives.
         async_op: ``True``: return an ``fm.Pending`` at once (the first exchange started); its
             ``wait()`` gives the result.
-        bucket_bytes: across meshes, the most bytes one exchange carries between ranks: leaves
-            are cut, in tree order, into buckets of at most that many (a larger leaf is one bucket
-            of its own), each its own exchanges; bounds the packed buffers' memory. ``None``: one
-            bucket.
+        bucket_bytes: across meshes, the most bytes one exchange carries between ranks (a
+            larger leaf is one bucket of its own); ``None``: one bucket.
 
     Returns:
         On one mesh, a DTensor on the same torch mesh with ``sharding``'s placements. Across

@@ -17,10 +17,8 @@ typed ``shard_map`` region, type). Every collective gets this without a second c
   and the rest as the blocking call does it: the later hops of a tuple of axes without a product
   group, blocking, and the local work after the last one.
 
-What overlaps with the caller's computation is therefore the first communication: the whole
-collective for one axis, a product group or ``ppermute`` point to point, the first hop of a
-tuple of axes composed per axis. ``ragged_all_to_all`` with ``recv_sizes=None`` exchanges its
-counts before it returns (blocking, once), then starts the rows. The backward is blocking.
+What overlaps with the caller's computation is therefore the first communication
+(docs/collectives.md, "Issue now, wait later"). The backward is blocking.
 
 Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
 """
@@ -110,17 +108,8 @@ class Pending:
     decided when the call was issued (a type error is raised then, not at ``wait()``). Call it
     once the work that overlaps the communication is done; a second call returns the same tensor.
 
-    Overlap: the call starts its first communication and returns: the whole collective over one
-    axis or a realized product group, the first axis of a tuple of axes composed per axis (the
-    others run, blocking, inside ``wait()``). ``ragged_all_to_all`` without ``recv_sizes``
-    exchanges its counts before it returns. Eagerly the communication is c10d's with
-    ``async_op=True`` and ``wait()`` is ``Work.wait()``; under ``torch.compile`` it is the
-    functional collective, and ``wait()`` its ``wait_tensor`` (0 graph breaks).
-
-    Unwaited: a ``shard_map`` region whose function returns while one of its pending results was
-    never waited for raises ``MeshError`` naming each (the collective and its axes). Outside a
-    region nothing checks: like a c10d ``Work`` never waited for, the communication still
-    completes once every member has issued it, and its result is dropped with the object.
+    What overlaps, what compiles and what happens to a result never waited for: docs/collectives.md,
+    "Issue now, wait later".
 
     Attributes:
         api: the collective's name (``"psum"``, ...).

@@ -129,9 +129,6 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
             cannot type.
 
     Examples:
-        Rank 5 of 8 on torch's fake backend, whose collectives carry no data: the local blocks
-        show what this rank computes.
-
         >>> double = fm.shard_map(lambda x: x * 2, in_specs=P("tp"), out_specs=P("tp"), mesh=rm)
         >>> y = double(torch.arange(8.0))  # a full tensor in: this rank's block is [2., 3.]
         >>> y.shape, y.to_local(), fm.sharding_of(y)
