@@ -503,17 +503,9 @@ def abort(rm: RealizedMesh | None = None, *, ranks: Iterable[int] | None = None)
     """Abort every process group realize made in this process (or those holding ``ranks``), without a collective call.
 
     For a job that lost a peer or is stuck: it returns in bounded time whatever the other ranks
-    do (see docs/reliability.md). Each group is aborted (NCCL's aborts together, in one
-    ``ncclGroupStart``/``End``) and forgotten by torch; the default group is the job's and is
-    left alone. Afterwards every realized mesh raises ``MeshError``, the cache is empty,
-    collective calls are numbered from 1 again, and ``realize`` makes fresh groups (after the
-    job has re-formed its default group, when a peer died).
-
-    With ``ranks=`` (a partial abort, for shrinking around a dead peer) only the groups realize
-    made that hold one of ``ranks`` are aborted; every other group stays in the cache, and a
-    later ``realize`` (``members_only=True`` among the survivors) reuses it without a call on
-    it. Every realized mesh is stale all the same (realize again: a lookup for what survived).
-    Groups adopted through ``realize(groups=...)`` are never aborted.
+    do, leaves the default group alone, and leaves every realized mesh stale (docs/reliability.md,
+    "Abort"). With ``ranks=`` (shrinking around a dead peer) every other group stays cached, for
+    a later ``realize`` to reuse. Groups adopted through ``realize(groups=...)`` are never aborted.
 
     Args:
         rm: ``None``, or a realized mesh (``rm.abort()``): the same, since realized meshes share
