@@ -1,20 +1,11 @@
 """Varying-axes types of ``shard_map`` regions: the values, the rules, the messages (pure: no torch).
 
-Inside a region with ``check_vma=True`` every tensor carries the set of mesh axes it *varies*
-over (JAX's "vma"); over every other axis of the region's mesh it is *invariant* (the same on
-every rank of that axis). Between invariant and varying, one default rule types nearly every op:
-the result varies over the union of its operands' axes, and an operand invariant where the
-result varies is first cast (``pvary``: identity forward, ``psum`` backward). The collectives are
-the exceptions; their rules are here, next to the default, as pure functions of types that
+Inside a typed region every tensor carries the mesh axes it *varies* over (JAX's "vma"); over
+the others it is *invariant*, and over some it may be *unreduced* (a pending sum). What the three
+types mean, the one default rule (the union of the operands' axes, with a ``pvary`` cast of an
+invariant operand) and how a pending sum is kept and ended: docs/design.md, "Type rules" and
+"Pending sums". Here are the values and the collectives' rules, pure functions of types that
 return a :class:`Rule`: per operand the axes to cast first, and the result type.
-
-A third type per axis, *unreduced* (JAX's ``unreduced``, DTensor's ``Partial("sum")``): each
-member holds a term and the value meant is the sum of the members' terms. A value unreduced over
-an axis is not varying over it; only linear ops keep it (:func:`unreduced_op_rule`), and a
-``psum`` (invariant) or ``psum_scatter`` (varying) ends it. A pending sum's cotangent is the
-same on every member (replicated, as psum's), so an operand multiplied into a pending sum gets a
-gradient that is itself a term of a sum: the rule names it, and the region sums it over the axes
-(a cast whose backward is the ``psum``).
 
 Nothing here runs an op: ``_op_rules.py`` maps torch functions to these rules and
 ``_interpret.py`` interprets them. Type errors are :class:`VmaError`, a ``MeshError`` (so a
