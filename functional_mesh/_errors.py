@@ -74,6 +74,11 @@ class UnknownAxisError(MeshError, KeyError):
         return str(self.args[0])
 
 
+# The errors name their public home as their module (tracebacks say functional_mesh.MeshError), so
+# doctest's finder would pass their docstrings over: listed here, their examples run too.
+__test__ = {"MeshError": MeshError, "UnknownAxisError": UnknownAxisError}
+
+
 def did_you_mean(name: object, choices: Iterable[str]) -> str:
     """Return "; did you mean 'x'?" when ``name`` is a plausible typo of exactly one of ``choices``, else "".
 

@@ -91,6 +91,9 @@ class VmaError(MeshError):
     __module__ = "functional_mesh"
 
 
+__test__ = {"VmaError": VmaError}  # its module is its public home, which doctest's finder would skip
+
+
 def set_repr(axes: Iterable[str]) -> str:
     """``frozenset({'x', 'y'})`` in a stable order, for messages that must match across ranks."""
     names = sorted(axes)
