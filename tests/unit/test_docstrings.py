@@ -100,8 +100,8 @@ def _doc_lines():
 DOCSTRING_SHARE_CEILING = 0.32
 
 
-def test_no_module_over_800_lines_and_docstrings_do_not_grow_back():
+def test_docstrings_do_not_grow_back():
+    """(The module sizes are tests/test_floors.py's.)"""
     sizes = _doc_lines().measure()
-    assert {name: n for name, (n, _) in sizes.items() if n > 800} == {}
     share = sum(d for _, d in sizes.values()) / sum(n for n, _ in sizes.values())
     assert share < DOCSTRING_SHARE_CEILING, f"docstrings are {share:.1%} of the package (python tools/doc_lines.py)"
