@@ -1,11 +1,13 @@
-"""The doctests' namespace: every doctest (pytest ``--doctest-modules`` over functional_mesh/,
-``--doctest-glob=*.md`` over docs/ and README.md) starts with ``fm`` (the package) and ``P``; one that
-names ``torch`` gets it, and one that names ``rm`` or calls ``realize(`` runs as rank 5 of 8 on
-torch's fake backend (which moves no data: the examples show shapes and types), with
-``rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))``. After every doctest, the groups realize made
-and the default group are destroyed, so nothing leaks to the next one. A doctest (a docs page) that
-starts a process group of its own gets neither world nor ``rm`` from here: each page of docs/ keeps one
-self-contained example for a reader to copy.
+"""The doctests' namespace, as JAX's root conftest gives its doctests one.
+
+A docstring's doctest (pytest ``--doctest-modules`` over functional_mesh/) starts with ``fm`` (the
+package) and ``P``; one that names ``torch`` gets it, and one that names ``rm`` or calls
+``realize(`` runs as rank 5 of 8 on torch's fake backend (which moves no data: the examples show
+shapes and types), with ``rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))``; docs/api.md,
+"Examples", tells readers so. A docstring that starts a process group of its own gets no world.
+The pages of docs/ and README.md (``--doctest-glob=*.md``) get nothing from here: each keeps its own
+imports and its own world in its first example, for a reader to copy. After every doctest, the
+groups realize made and the default group are destroyed, so nothing leaks to the next one.
 """
 
 import re
@@ -22,7 +24,7 @@ def _source(item) -> str:
 
 @pytest.fixture(autouse=True)
 def _doctest_world(request):
-    from _pytest.doctest import DoctestItem
+    from _pytest.doctest import DoctestItem, DoctestTextfile
 
     if not isinstance(request.node, DoctestItem):
         yield
@@ -30,8 +32,10 @@ def _doctest_world(request):
     import functional_mesh as fm
 
     namespace = request.getfixturevalue("doctest_namespace")
-    namespace.update(fm=fm, P=fm.P)
-    source = _source(request.node)
+    page = isinstance(request.node.parent, DoctestTextfile)
+    source = "" if page else _source(request.node)
+    if not page:
+        namespace.update(fm=fm, P=fm.P)
     if _NAMES_TORCH.search(source) or _NEEDS_WORLD.search(source):
         import torch
 
@@ -45,7 +49,7 @@ def _doctest_world(request):
     try:
         yield
     finally:
-        for name in ("rm", "torch"):
+        for name in ("fm", "P", "rm", "torch"):
             namespace.pop(name, None)
         import sys
 

@@ -70,7 +70,6 @@ class CacheInfo(NamedTuple):
         groups: distinct member tuples groups were made for (members or not: equal on every rank).
 
     Examples:
-        >>> import functional_mesh as fm
         >>> fm.CacheInfo(hits=2, misses=2, groups=6).groups
         6
     """

@@ -60,7 +60,6 @@ def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
 
     Returns:
         A new tensor, the sum, with ``x``'s shape and dtype.
-        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         Every collective's errors (docs/api.md, "Shared arguments"), and:
@@ -98,7 +97,6 @@ def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
 
     Returns:
         A new tensor, the mean, with ``x``'s shape.
-        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         Every collective's errors (docs/api.md, "Shared arguments").
@@ -129,7 +127,6 @@ def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
 
     Returns:
         A new tensor, the maximum, with ``x``'s shape and dtype.
-        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         Every collective's errors (docs/api.md, "Shared arguments"), and:
@@ -162,7 +159,6 @@ def pmin(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
 
     Returns:
         A new tensor, the minimum, with ``x``'s shape and dtype.
-        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         Every collective's errors (docs/api.md, "Shared arguments"), and:
@@ -189,7 +185,6 @@ def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
 
     Returns:
         ``x``'s values as a new tensor, varying over ``axis``.
-        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         Every collective's errors (docs/api.md, "Shared arguments"), and:
@@ -224,7 +219,6 @@ def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
 
     Returns:
         What :func:`pvary` returns.
-        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         Every collective's errors (docs/api.md, "Shared arguments"), and:
@@ -292,7 +286,6 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
 
     Returns:
         A new tensor: ``x`` with ``dim`` ``n`` times longer (tiled), or with a new dim of size ``n``.
-        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         Every collective's errors (docs/api.md, "Shared arguments"), and:
@@ -333,7 +326,6 @@ def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, ti
 
     Returns:
         A new tensor: ``x`` with ``dim`` ``n`` times shorter, or without ``dim`` (untiled).
-        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         Every collective's errors (docs/api.md, "Shared arguments"), and:
@@ -372,7 +364,6 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
 
     Returns:
         A new tensor: ``split_dim`` ``n`` times shorter and ``concat_dim`` ``n`` times longer.
-        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         Every collective's errors (docs/api.md, "Shared arguments"), and:
@@ -409,7 +400,6 @@ def ragged_all_to_all(x: torch.Tensor, axis: str | Sequence[str], send_sizes: An
 
     Returns:
         A new tensor of ``sum(recv_sizes)`` rows.
-        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         Every collective's errors (docs/api.md, "Shared arguments"), and:
@@ -443,7 +433,6 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
 
     Returns:
         A new tensor of ``x``'s shape.
-        With ``async_op=True``, a :class:`Pending` of it.
 
     Raises:
         Every collective's errors (docs/api.md, "Shared arguments"), and:

@@ -11,6 +11,7 @@ and an unknown axis name adds "did you mean 'tp'?" when it is a plausible typo o
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import MappingProxyType
 from typing import Any
 
 __all__ = ["MeshError", "UnknownAxisError"]
@@ -30,7 +31,6 @@ class MeshError(ValueError):
         mesh: the mesh the failing call was about, when there is one (else ``None``).
 
     Examples:
-        >>> import functional_mesh as fm
         >>> try:
         ...     fm.make_mesh((2, 0), ("dp", "tp"))
         ... except fm.MeshError as e:
@@ -58,7 +58,6 @@ class UnknownAxisError(MeshError, KeyError):
         mesh: the mesh that lacks the axis, when there is one.
 
     Examples:
-        >>> import functional_mesh as fm
         >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
         >>> try:
         ...     mesh["pt"]
@@ -76,7 +75,7 @@ class UnknownAxisError(MeshError, KeyError):
 
 # The errors name their public home as their module (tracebacks say functional_mesh.MeshError), so
 # doctest's finder would pass their docstrings over: listed here, their examples run too.
-__test__ = {"MeshError": MeshError, "UnknownAxisError": UnknownAxisError}
+__test__ = MappingProxyType({"MeshError": MeshError, "UnknownAxisError": UnknownAxisError})
 
 
 def did_you_mean(name: object, choices: Iterable[str]) -> str:

@@ -236,7 +236,6 @@ class Mesh:
             TypeError: ``name`` is not a str.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> fm.make_mesh((2, 4), ("dp", "tp")).axis_size("tp")
             4
         """
@@ -262,7 +261,6 @@ class Mesh:
             TypeError: ``name`` is not a str.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> fm.make_mesh((2, 4), ("dp", "tp")).axis_layout("dp")
             Layout(2:4)
         """
@@ -289,7 +287,6 @@ class Mesh:
             TypeError: a position instead of a name (the message says which name to write).
 
         Examples:
-            >>> import functional_mesh as fm
             >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
             >>> mesh["tp"]
             Mesh(tp=4; 2 groups over devices 0..7)
@@ -312,7 +309,6 @@ class Mesh:
             MeshError: names that are not a permutation of all axis names.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> m = fm.make_mesh((2, 4), ("dp", "tp")).transpose("tp", "dp")
             >>> m, m.ranks.tolist()
             (Mesh(tp=4, dp=2), [[0, 4], [1, 5], [2, 6], [3, 7]])
@@ -342,7 +338,6 @@ class Mesh:
             TypeError: an index that is not an int, a slice or a sequence of ints.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> mesh = fm.make_mesh((4, 2), ("pp", "tp"))
             >>> mesh.take(pp=[0, -1]).ranks.tolist()           # the first and last stage
             [[0, 1], [6, 7]]
@@ -374,7 +369,6 @@ class Mesh:
             TypeError: a ``name`` that is not a str.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> m = fm.make_mesh((2, 2, 2), ("a", "b", "c"))
             >>> m.flatten(("c", "a"))
             Mesh(b=2, c_a=4)
@@ -405,7 +399,6 @@ class Mesh:
             TypeError: ``sizes`` of another type.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> m = fm.make_mesh((8,), ("world",)).unflatten("world", {"dp": 2, "tp": 4})
             >>> m["dp"].groups().tolist()
             [[0, 4], [1, 5], [2, 6], [3, 7]]
@@ -428,7 +421,6 @@ class Mesh:
             TypeError: a mapping of another type.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> fm.make_mesh((2, 4), ("dp", "tp")).rename({"dp": "data", "tp": "model"})
             Mesh(data=2, model=4)
         """
@@ -466,7 +458,6 @@ class Mesh:
             An int64 array of shape ``(num_groups, *axis_sizes)``.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> fm.make_mesh((2, 4), ("dp", "tp"))["dp"].groups().tolist()
             [[0, 4], [1, 5], [2, 6], [3, 7]]
         """
@@ -488,7 +479,6 @@ class Mesh:
             TypeError: a rank that is not an int.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
             >>> mesh.coordinate(6), mesh["tp", "dp"].coordinate(6), mesh.coordinate(8)
             ((1, 2), (2, 1), None)
@@ -510,7 +500,6 @@ class Mesh:
             TypeError: a rank that is not an int.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> fm.make_mesh((2, 4), ("dp", "tp"))["dp"].group_of(6).tolist()
             [2, 6]
         """
@@ -533,7 +522,6 @@ class Mesh:
             TypeError: ``ranks_per_host`` that is not an int.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> fm.make_mesh((2, 2, 4), ("dp", "cp", "tp")).host_span(ranks_per_host=8)
             {'dp': 'cross-host', 'cp': 'intra-host', 'tp': 'intra-host'}
             >>> fm.make_mesh((4, 4), ("dp", "tp")).flatten(("dp", "tp")).host_span(8)

@@ -5,7 +5,6 @@ holds the values it answers with: ``mesh.shape``, a :class:`MeshShape`, and ``me
 :class:`MeshSize`; and :func:`axes_size`, the one product of axis sizes.
 
 Examples:
-    >>> import functional_mesh as fm
     >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
     >>> mesh.shape, mesh.size, axes_size(mesh, ("tp", "dp"))
     ({'dp': 2, 'tp': 4}, 8, 8)
@@ -41,7 +40,6 @@ class MeshShape(Frozen, Mapping[str, int]):
             (``mesh.shape[0]``), says what to write instead.
 
     Examples:
-        >>> import functional_mesh as fm
         >>> shape = fm.make_mesh((2, 4), ("dp", "tp")).shape
         >>> shape["tp"], "dp" in shape, shape == {"dp": 2, "tp": 4}, list(shape.items())
         (4, True, True, [('dp', 2), ('tp', 4)])

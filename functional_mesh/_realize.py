@@ -15,17 +15,9 @@ else one ``new_group`` per missing member tuple with ``sort_ranks=False``, so a 
 rank *is* its coordinate along the axis (mesh order). An axis whose only group is the whole
 world, ascending, reuses the default group.
 
-A size-1 axis (or product) costs no group, on every backend: nothing is created for it, so no
-communicator (a one-rank NCCL communicator costs hundreds of MiB of GPU memory) and no step of
-torch's group counter, which therefore stays equal on every rank (torch >= 2.14 counts local
-groups too). Our collectives need none for it (``_collectives``). Torch's own code does ask for
-a size-1 dim's group now and then (FSDP2 reads its rank and size, and all-reduces over a size-1
-replicate dim; ``distribute_tensor`` broadcasts and scatters over every dim), so
-``rm.group(axis)`` and ``rm.device_mesh`` lend it this rank's one-rank group on torch's fake
-backend, whose collectives are exact for one rank and use no communicator. That group is made
-by the first realize call that needs it (a size-1 axis or product, on a member rank), by this
-rank alone, outside torch's group counter, and shared by every size-1 axis until
-:func:`clear_cache`: the handle and interop only read it, so they have no effects.
+A size-1 axis (or product) costs no group, on every backend, and torch is lent a one-rank group
+where it asks for one; why, and what that group is: docs/design.md, "Size-1 axes". The first
+realize call that needs it makes it, so the handle and interop only read it.
 
 With ``members_only=True`` only the mesh's ranks call it: each makes only the groups it belongs
 to, with their members alone (``_cache``'s members-only path), after a check among the members.
@@ -139,14 +131,11 @@ def realize(
             axis or product, or the group's size or this rank's position in it is not the axis's.
 
     Examples:
-        One process standing in as rank 5 of 8 on torch's fake backend (a real job runs under
-        torchrun, where realize starts the default group itself):
+        ``rm`` is ``fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))`` in one process standing in as
+        rank 5 of 8 on torch's fake backend (docs/api.md, "Examples"); a real job runs under
+        torchrun, where realize starts the default group itself:
 
         >>> import torch.distributed as dist
-        >>> import functional_mesh as fm
-        >>> from torch.testing._internal.distributed.fake_pg import FakeStore
-        >>> dist.init_process_group("fake", rank=5, world_size=8, store=FakeStore())
-        >>> rm = fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))
         >>> rm
         RealizedMesh(Mesh(dp=2, tp=4), fake, rank 5: coordinate (1, 1))
         >>> dist.get_process_group_ranks(rm.group("tp"))
@@ -154,7 +143,6 @@ def realize(
         >>> again = fm.realize(fm.make_mesh((2, 4), ("dp", "tp"))["tp", "dp"])  # a lookup: no new group
         >>> again.group("tp") is rm.group("tp"), fm.cache_info()
         (True, CacheInfo(hits=2, misses=2, groups=6))
-        >>> fm.clear_cache(); dist.destroy_process_group()
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(requires("realize", "a functional_mesh.Mesh", "mesh", mesh))

@@ -127,8 +127,8 @@ def creation_method(rows: Sequence[tuple[int, ...]], world_size: int, default_ba
 
     - "none": a size-1 axis (every row one rank): nothing to communicate, so no group at all, on
       every backend. Nothing is created, so every rank's group counter stays where it was
-      (torch >= 2.14 counts local groups too, docs/design.md "Size-1 axes"); torch APIs that want a group for
-      such a dim are lent this rank's one-rank group on the fake backend (``RealizedMesh.group``).
+      (torch >= 2.14 counts local groups too); torch is lent a one-rank group where it asks for
+      one (docs/design.md, "Size-1 axes").
     - "default": the only group is the whole world in ascending order, the backend is the
       default one and so are the other settings (``borrow``: no options, no timeout other than
       the default group's): reuse the default group (no call).

@@ -25,7 +25,6 @@ receives it from no one; it still forwards it in the tree, in stage 0 (it holds 
 what every destination rank needs minus what it already holds.
 
 Examples:
-    >>> import functional_mesh as fm
     >>> src = fm.NamedSharding(fm.make_mesh((2,), ("tp",)), fm.P("tp"))
     >>> dst = fm.NamedSharding(fm.make_mesh((2,), ("dp",), devices=range(2, 4)), fm.P())
     >>> plan = fm.plan_reshard(src, dst, (4,), "float32")
@@ -198,7 +197,6 @@ class ReshardPlan(Frozen):
         MeshError: nothing of its own: build plans with :func:`plan_reshard`, which checks its arguments.
 
     Examples:
-        >>> import functional_mesh as fm
         >>> src = fm.NamedSharding(fm.make_mesh((2, 2), ("dp", "tp")), fm.P(None, "tp"))
         >>> dst = fm.NamedSharding(fm.make_mesh((4,), ("tp",), devices=range(4, 8)), fm.P(None, "tp"))
         >>> plan = fm.plan_reshard(src, dst, (8, 8), "float32")
@@ -259,7 +257,6 @@ class ReshardPlan(Frozen):
             TypeError: a rank that is not an int.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> sh = fm.NamedSharding(fm.make_mesh((2,), ("x",)), fm.P())
             >>> plan = fm.plan_reshard(sh, fm.NamedSharding(fm.make_mesh((2,), ("x",), devices=[5, 4]), fm.P()), (2,), "int8")
             >>> plan.in_src(1), plan.in_dst(1), plan.in_dst(5)
@@ -281,7 +278,6 @@ class ReshardPlan(Frozen):
             TypeError: a rank that is not an int.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> sh = fm.NamedSharding(fm.make_mesh((2,), ("x",)), fm.P())
             >>> fm.plan_reshard(sh, sh, (2,), "int8").in_dst(2)
             False
@@ -350,7 +346,6 @@ class ReshardPlan(Frozen):
             TypeError: a rank that is not an int.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> mesh = fm.make_mesh((2,), ("x",))
             >>> plan = fm.plan_reshard(fm.NamedSharding(mesh, fm.P("x")), fm.NamedSharding(mesh, fm.P()), (4,), "int8")
             >>> plan.receives(1)          # its own half is a local copy
@@ -411,7 +406,6 @@ class ReshardPlan(Frozen):
             TypeError: a rank that is not an int.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> src = fm.NamedSharding(fm.make_mesh((1,), ("x",)), fm.P())
             >>> dst = fm.NamedSharding(fm.make_mesh((4,), ("dp",), devices=range(1, 5)), fm.P())
             >>> plan = fm.plan_reshard(src, dst, (2,), "int8")
@@ -665,7 +659,6 @@ def plan_reshard(src: NamedSharding, dst: NamedSharding, shape: Sequence[int], d
             ``relays`` of another type.
 
     Examples:
-        >>> import functional_mesh as fm
         >>> mesh = fm.make_mesh((2, 2), ("dp", "tp"))
         >>> plan = fm.plan_reshard(fm.NamedSharding(mesh, fm.P("dp", "tp")), fm.NamedSharding(mesh, fm.P("tp")),
         ...                        (4, 4), "float32")
@@ -705,7 +698,6 @@ class ShapeDtypeStruct(Frozen):
         TypeError: a shape, dtype or sharding of another type.
 
     Examples:
-        >>> import functional_mesh as fm
         >>> sds = fm.ShapeDtypeStruct((8, 4), "bfloat16")
         >>> sds, sds.itemsize, sds.nbytes
         (ShapeDtypeStruct(shape=(8, 4), dtype='bfloat16'), 2, 64)

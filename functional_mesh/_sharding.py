@@ -9,7 +9,6 @@ Nothing here imports torch: :attr:`NamedSharding.placements` asks the torch boun
 (``_torch.py``) to turn the pure :func:`placement_plan` into DTensor placement objects on demand.
 
 Examples:
-    >>> import functional_mesh as fm
     >>> mesh = fm.make_mesh((4, 2), ("x", "y"))
     >>> sh = fm.NamedSharding(mesh, fm.P("x", "y"))
     >>> sh.shard_shape((8, 4))
@@ -247,7 +246,6 @@ class NamedSharding:
         TypeError: a mesh or spec of another type.
 
     Examples:
-        >>> import functional_mesh as fm
         >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
         >>> fm.NamedSharding(mesh, P("tp")).shard_shape((6, 4))
         (2, 4)
@@ -297,7 +295,6 @@ class NamedSharding:
             TypeError: a shape that is not a tuple of ints.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> fm.NamedSharding(fm.make_mesh((4,), ("tp",)), P("tp")).shard_shape((6, 3))
             (2, 3)
         """
@@ -320,7 +317,6 @@ class NamedSharding:
             TypeError: a shape or rank of another type.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> fm.NamedSharding(fm.make_mesh((2, 4), ("dp", "tp")), P("tp")).local_slices((6, 4), 5)
             (slice(2, 4, None), slice(0, 4, None))
         """
@@ -349,7 +345,6 @@ class NamedSharding:
             TypeError: a shape of another type.
 
         Examples:
-            >>> import functional_mesh as fm
             >>> fm.NamedSharding(fm.make_mesh((2,), ("tp",)), P("tp")).devices_indices_map((4,))
             {0: (slice(0, 2, None),), 1: (slice(2, 4, None),)}
         """

@@ -5,7 +5,7 @@ torch.compile): its group (a ProcessGroup eagerly, the group's *name* under
 torch.compile, ``None`` for a size-1 hop with no group) and plain ints. Each has ``run(x)``, the
 communication (c10d directly when the group is a ProcessGroup, torch's functional collectives
 when it is a name, through ``_torch``), and ``transpose()``, the step that carries a cotangent
-back (JAX's transpose rule, with replicated cotangents as in Megatron). The linear pairs:
+back (the rules: docs/design.md, "Collectives and autograd"). The linear pairs:
 
 - :class:`AllReduce` (``op="sum"``) and :class:`Identity`: psum and pvary;
 - :class:`Gather` and :class:`Scatter`: all_gather and psum_scatter;

@@ -19,8 +19,8 @@ never read from the version:
   under a framework's own names (:func:`rename_flattened`, for ``integrations/accelerate``);
 - ``distributed_c10d._get_default_group()`` and ``_get_default_store()``;
 - ``distributed_c10d._new_process_group_helper(...)`` (the same signature on 2.13.0, 2.14.1 and
-  2.15.0) and ``_world.pg_group_ranks``, to make the one-rank fake-backend group torch is lent for
-  size-1 axes (:func:`one_rank_group`) without advancing torch's group counter; the fake backend
+  2.15.0) and ``_world.pg_group_ranks``, to make the group lent to torch for size-1 axes
+  (:func:`one_rank_group`; docs/design.md, "Size-1 axes") without advancing torch's group counter; the fake backend
   is registered by importing ``torch.testing._internal.distributed.fake_pg`` (torch's own FSDP
   module imports it too); ``ProcessGroup._get_backend(device).supports_splitting``;
 - ``ProcessGroup._get_backend(device).options._timeout`` (:func:`group_timeout`), the NCCL
@@ -288,11 +288,8 @@ def one_rank_group(name: str, desc: str) -> Any:
     pg = _helper_group([dist.get_rank()], "fake", name, timeout, desc, None)
     if str(dist.get_backend()) == "fake" or _exact_for_one_rank(pg):
         return pg
-    # torch 2.11 and 2.12 (feature-detected): the fake backend's reduce-scatter, all-to-all and
-    # scatter leave their output as it was, which FSDP2 over a size-1 dim turns into garbage. There
-    # the lent group is a real one-rank gloo group, for CPU and CUDA tensors alike. Not NCCL: under
-    # a device-bound NCCL default group torch would split its communicator from the default one,
-    # a collective call of every rank, which a group made by one rank alone must never be.
+    # torch 2.11 and 2.12 (feature-detected): the fake backend is not exact for one rank, so the lent
+    # group is a real one-rank gloo group (docs/design.md, "Size-1 axes", says why not NCCL).
     _forget(pg)
     return _helper_group([dist.get_rank()], "gloo", f"{name}_exact", timeout, desc, None)
 

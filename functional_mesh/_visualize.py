@@ -11,7 +11,6 @@ command line turns on only when it prints to a terminal. Large meshes are elided
 last pages, rows, columns and groups) so a picture stays readable at any world size.
 
 Examples:
-    >>> import functional_mesh as fm
     >>> print(fm.visualize(fm.make_mesh((2, 4), ("dp", "tp")), axis="dp"))
     Mesh(dp=2, tp=4): 8 devices, letters mark the groups of dp
           tp=0  tp=1  tp=2  tp=3
@@ -121,7 +120,6 @@ def visualize(mesh: Mesh | ReshardPlan, axis: str | None = None, *, color: bool 
         TypeError: a ``mesh`` that is not a ``Mesh`` or ``ReshardPlan``, or a ``color`` that is not a bool.
 
     Examples:
-        >>> import functional_mesh as fm
         >>> print(fm.visualize(fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))["cp", "tp"]))
         Mesh(cp=2, tp=2; 2 groups over devices 0..7): 8 devices
         group 0
@@ -295,7 +293,6 @@ def visualize_sharding(sharding: NamedSharding, global_shape: Sequence[int], *, 
         TypeError: a ``sharding`` that is not a ``NamedSharding``, or a bad shape or ``color``.
 
     Examples:
-        >>> import functional_mesh as fm
         >>> mesh = fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))
         >>> print(fm.visualize_sharding(fm.NamedSharding(mesh, fm.P(("dp", "cp"), "tp")), (5, 6)))
         NamedSharding(Mesh(dp=2, cp=2, tp=2), P(('dp', 'cp'), 'tp')) of shape (5, 6): shard shape (2, 3)

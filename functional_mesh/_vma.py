@@ -91,7 +91,7 @@ class VmaError(MeshError):
     __module__ = "functional_mesh"
 
 
-__test__ = {"VmaError": VmaError}  # its module is its public home, which doctest's finder would skip
+__test__ = MappingProxyType({"VmaError": VmaError})  # its module is its public home, which doctest skips
 
 
 def set_repr(axes: Iterable[str]) -> str:

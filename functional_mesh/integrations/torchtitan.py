@@ -339,8 +339,8 @@ def _realize_view(view: View, options: Mapping[str, Any]) -> tuple[Any, Any, tup
     the axes torchtitan keeps on its fake backend get groups too: a larger fake axis (``efsdp``
     when ep = 1) then costs real groups, never used.
     """
-    # a size-1 axis costs no group (realize makes none) yet answers torch's get_group (a lent
-    # one-rank group on the fake backend): spmd_types asks every dim of a view for its group
+    # a size-1 axis costs no group (realize makes none) yet answers torch's get_group (the lent
+    # group, docs/design.md "Size-1 axes"): spmd_types asks every dim of a view for its group
     axes = tuple(n for n in view.mesh.axis_names if n in view.real or view.mesh.axis_size(n) == 1)
     rm = fm.realize(view.mesh, axes=axes, products=view.products, **options)
     try:
