@@ -46,7 +46,8 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 LIMIT_S = {"nccl-1": 150, "gloo-cuda": 180, "nccl-multi": 180, "gloo-cpu": 240}  # per torchrun job
-PROBE_LIMIT_S = 90  # the torch-only probe of functional collectives before a gloo job (_funcol_probe.py)
+PROBE_LIMIT_S = 180  # the torch-only probe of functional collectives before a gloo job (_funcol_probe.py); 90 s
+# was too short for 4 processes to import torch at load 30 (a slow start read as a hang, and the checks skipped)
 PROBE_STEPS = ("all_reduce", "all_gather_tensor")  # _funcol_probe.STEPS (tests/gpu/test_gpu_smoke.py checks it)
 BUDGET_S = 420  # all jobs, restarts included: a restart gets what is left, at most its job's limit
 # the checks, in the order _checks.py runs them (tests/gpu/test_gpu_smoke.py checks it is _checks.CHECKS')

@@ -22,7 +22,7 @@ from run import EXPECTED, PROBE_STEPS  # noqa: E402
 from functional_mesh import _torch  # noqa: E402
 
 
-def run(*args: str, env: dict[str, str] | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
+def run(*args: str, env: dict[str, str] | None = None, timeout: float = 470) -> subprocess.CompletedProcess:
     full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, str(RUN), *args], env=full, capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
@@ -35,7 +35,7 @@ def test_without_a_gpu_it_says_so_and_exits_0():
     assert f"torch {torch.__version__}" in proc.stdout
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(480)
 def test_the_checks_pass_on_cpu_tensors():
     proc = run("--cpu")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("CHECK ")]
@@ -63,7 +63,7 @@ def test_the_runner_knows_the_checks_in_their_order():
     assert _funcol_probe.STEPS == PROBE_STEPS
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(480)
 def test_where_torchs_functional_collectives_crash_their_checks_skip_saying_so_and_the_rest_run():
     # the first GPU run (torch 2.11.0+cu130): gloo with CUDA tensors segfaulted inside torch's functional
     # collectives. Here rank 1 of the torch-only probe kills itself at all_gather_tensor, as that did.
@@ -85,7 +85,7 @@ def test_where_torchs_functional_collectives_crash_their_checks_skip_saying_so_a
     assert proc.stdout.splitlines()[-1].startswith("gpu-smoke: 4 passed, 0 failed, 4 skipped"), proc.stdout
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(480)
 def test_a_probe_process_that_dies_after_every_step_passed_does_not_turn_the_checks_off():
     # CI, torch 2.13 CPU: every rank printed OK for both steps, then one aborted in interpreter
     # finalization ("terminate called without an active exception"), and the dtensor check skipped
@@ -98,7 +98,7 @@ def test_a_probe_process_that_dies_after_every_step_passed_does_not_turn_the_che
         [["CHECK", "gloo-cpu/dtensor", "PASS"]], proc.stdout
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(480)
 def test_a_process_that_dies_in_a_check_hides_none_of_the_others():
     # rank 1 kills itself with SIGSEGV as shard_map starts (the first GPU run lost 6 checks to one segfault)
     proc = run("--cpu", "--only=dtensor,shard_map,abort", env={"FM_GPU_SMOKE_CRASH": "shard_map"})
