@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import sys
+from collections.abc import Callable
+from typing import Self
 
 import attrs
 import numpy as np
@@ -157,7 +159,7 @@ class DeviceList(Frozen):
         """Short text: ``0..7``, ``8..15``, ``0..14 step 2`` or ``[7, 6, 5, …, 0] (8)``."""
         raise NotImplementedError
 
-    def _same(self, other: DeviceList) -> bool:
+    def _same(self, other: Self) -> bool:
         """Whether ``other``, a list of the same kind and hash, holds the same ranks."""
         raise NotImplementedError
 
@@ -268,7 +270,7 @@ class DeviceRange(DeviceList):
         last = self._start + self._step * (self._n - 1)
         return f"{self._start}..{last}" + (f" step {self._step}" if self._step != 1 else "")
 
-    def _same(self, other: DeviceRange) -> bool:
+    def _same(self, other: Self) -> bool:
         return self._n == other._n and self._start == other._start and self._step == other._step
 
     def sublist_of_layout(self, offset: int, modes: L.Modes) -> DeviceList:
@@ -278,7 +280,7 @@ class DeviceRange(DeviceList):
         n, stride = walk[0] if walk else (1, 1)
         return DeviceRange._make(n, self._start + self._step * offset, self._step * stride)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[int, int, int], DeviceRange], tuple[int, int, int]]:
         return (_rebuild_range, (self._n, self._start, self._step))
 
 
@@ -325,13 +327,15 @@ class DeviceArray(DeviceList):
         return self._array
 
     def index_of(self, rank: int) -> int | None:
-        if self._inverse is None:
+        inverse = self._inverse
+        if inverse is None:
             order = np.argsort(self._array, kind="stable")
             sorted_ranks = self._array[order]
             for a in (order, sorted_ranks):
                 a.setflags(write=False)
-            object.__setattr__(self, "_inverse", (sorted_ranks, order))
-        ranks, order = self._inverse
+            inverse = (sorted_ranks, order)
+            object.__setattr__(self, "_inverse", inverse)
+        ranks, order = inverse
         pos = int(np.searchsorted(ranks, rank))
         return int(order[pos]) if pos < self._n and ranks[pos] == rank else None
 
@@ -348,10 +352,10 @@ class DeviceArray(DeviceList):
         head = ", ".join(map(str, vals[: limit - 1]))
         return f"[{head}, …, {vals[-1]}] ({len(vals)})"
 
-    def _same(self, other: DeviceArray) -> bool:
+    def _same(self, other: Self) -> bool:
         return bool(np.array_equal(self._array, other._array))
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[bytes], DeviceArray], tuple[bytes]]:
         return (_rebuild_array, (self._array.tobytes(),))
 
 

@@ -29,7 +29,7 @@ Examples:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -142,7 +142,7 @@ class Layout(Frozen):
     def __hash__(self) -> int:
         return self._hash
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[Iterable[tuple[int, int]]], Layout], tuple[Modes]]:
         return (canonical_layout, (self.modes,))
 
     @property

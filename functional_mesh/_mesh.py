@@ -144,7 +144,7 @@ class Mesh:
             object.__setattr__(self, "_hash", hash((self._axis_names, self._layouts, self._devices)))
         return self._hash  # type: ignore[return-value]
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Mesh], tuple[tuple[str, ...], tuple[L.Layout, ...], DeviceList]]:
         # Rebuild through the constructor: validated, and the hash recomputed in the new process.
         return (Mesh, (self._axis_names, self._layouts, self._devices))
 
@@ -603,6 +603,7 @@ def make_mesh(axis_sizes: Sequence[int], axis_names: str | Sequence[str], *, dev
         if s < 1:
             raise MeshError(requires(api, "positive axis sizes", f"axis_sizes[{n!r}]", s))
     n_dev = math.prod(sizes)
+    device_list: DeviceList
     if devices is None:
         device_list = DeviceList.iota(n_dev)
     else:

@@ -46,6 +46,7 @@ class MeshShape(Frozen, Mapping[str, int]):
     """
 
     __slots__ = ("_items",)
+    _items: MappingProxyType[str, int]
 
     def __init__(self, names: Sequence[str], sizes: Sequence[int]) -> None:
         object.__setattr__(self, "_items", MappingProxyType(dict(zip(names, sizes, strict=True))))
@@ -74,7 +75,7 @@ class MeshShape(Frozen, Mapping[str, int]):
     def __len__(self) -> int:
         return len(self._items)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[MeshShape], tuple[tuple[str, ...], tuple[int, ...]]]:
         return (MeshShape, (tuple(self._items), tuple(self._items.values())))
 
     def __repr__(self) -> str:
@@ -90,7 +91,7 @@ class MeshSize(int):
             "number of devices in one group, or mesh.axis_size('tp') for one axis"
         )
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[int], tuple[int]]:
         return (int, (int(self),))
 
 

@@ -75,12 +75,13 @@ def take(axis_names: Names, layouts: Layouts, devices: DeviceList, family: L.Mod
     if not chosen_positions:
         raise MeshError(requires(api, "at least one axis=index", "positions", chosen_positions, axis_names),
                         mesh=mesh)
-    chosen = {}
+    chosen: dict[int, int | range | tuple[int, ...]] = {}
     for name, index in chosen_positions.items():
         i = as_axis_index(api, axis_names, name, mesh)
         chosen[i] = _along(api, name, index, layouts[i].size)
     kept = [i for i in range(len(layouts)) if not isinstance(chosen.get(i), int)]
-    sizes = tuple(len(chosen[i]) if i in chosen else layouts[i].size for i in kept)
+    sizes = tuple(len(c) if (c := chosen.get(i)) is not None and not isinstance(c, int) else layouts[i].size
+                  for i in kept)
     return tuple(axis_names[i] for i in kept), L.row_major_axes(sizes), _taken(devices, family, layouts, chosen)
 
 

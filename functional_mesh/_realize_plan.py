@@ -287,8 +287,9 @@ def realized_axes(mesh: Mesh, axes: Iterable[str] | None) -> tuple[str, ...]:
     return tuple(n for n in mesh.axis_names if n in names)
 
 
-def describe_request(mesh: Mesh, device_type: str, settings: Mapping[Any, AxisSettings], products: tuple,
-                     axes: tuple[str, ...] | None = None, adopted: tuple = ()) -> str:
+def describe_request(mesh: Mesh, device_type: str, settings: Mapping[Any, AxisSettings],
+                     products: tuple[tuple[str, ...], ...], axes: tuple[str, ...] | None = None,
+                     adopted: tuple[str | tuple[str, ...], ...] = ()) -> str:
     """The text every rank compares before a realize call (the divergence check)."""
     layouts = ",".join(f"{n}={mesh.axis_layout(n)}" for n in mesh.axis_names)
     described = {s.describe() for s in settings.values()}
@@ -471,7 +472,9 @@ def _adopted_groups(mesh: Mesh, keys: Sequence[Any], groups: Mapping[Any, Any] |
 def _check_adopted(mesh: Mesh, key: Any, family: Mesh, pg: Any, rank: int) -> None:
     """An adopted group must have the axis's size and hold this rank at its coordinate along it."""
     size = family.size
-    (position,) = family.coordinate(rank)
+    coordinate = family.coordinate(rank)
+    assert coordinate is not None  # checked by the caller: this rank is a member
+    (position,) = coordinate
     label = key if isinstance(key, str) else "×".join(key)
     if pg.size() != size:
         raise MeshError(requires("realize", f"an adopted group of axis {label!r}'s size", f"groups[{key!r}]",

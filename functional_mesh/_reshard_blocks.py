@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
 from . import _layout as L
+from ._devices import DeviceList
 from ._mesh import axis_layouts
 from ._sharding import NamedSharding
 
@@ -97,7 +99,8 @@ def piece_lists(shape: tuple[int, ...], sizes: tuple[tuple[int, ...], ...],
     return [tuple(enumerate(leaves(n, s, lo, hi))) for n, s, (lo, hi) in zip(shape, sizes, block, strict=True)]
 
 
-def pieces(shape: tuple[int, ...], sizes: tuple[tuple[int, ...], ...], block: list[tuple[int, int]]):
+def pieces(shape: tuple[int, ...], sizes: tuple[tuple[int, ...], ...], block: list[tuple[int, int]]
+           ) -> Iterator[tuple[tuple[int, tuple[tuple[int, ...], int, int]], ...]]:
     """The pieces of a split that meet ``block``, row-major over the dims: per dim ``(rank, (idx, start, stop))``."""
     return itertools.product(*piece_lists(shape, sizes, block))
 
@@ -201,7 +204,7 @@ class Side:
         return value
 
 
-def bounds(devices) -> tuple[int, int]:
+def bounds(devices: DeviceList) -> tuple[int, int]:
     """The smallest and largest rank of a non-empty device list: O(1) for a range."""
     if devices.is_symbolic:
         a, b = devices[0], devices[len(devices) - 1]
@@ -210,7 +213,7 @@ def bounds(devices) -> tuple[int, int]:
     return int(array.min()), int(array.max())
 
 
-def common_ranks(a, b) -> np.ndarray:
+def common_ranks(a: DeviceList, b: DeviceList) -> np.ndarray:
     """The ranks in both device lists: O(1) when their spans are apart, else O(the smaller list)."""
     (alo, ahi), (blo, bhi) = bounds(a), bounds(b)
     if ahi < blo or bhi < alo:

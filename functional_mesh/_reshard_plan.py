@@ -38,11 +38,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypedDict
 
 import numpy as np
 
 from . import _reshard_blocks as B
+from ._devices import DeviceList
 from ._errors import MeshError, requires
 from ._sharding import NamedSharding, global_shape_of, shape_of
 from ._validate import Frozen, as_bool, as_int
@@ -79,7 +81,7 @@ class _PlanRanks:
 
     __slots__ = ("devices",)
 
-    def __init__(self, devices) -> None:
+    def __init__(self, devices: DeviceList) -> None:
         self.devices = devices
 
     def __contains__(self, rank: object) -> bool:
@@ -90,7 +92,7 @@ class _PlanRanks:
     def __len__(self) -> int:
         return len(self.devices)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(self.devices.to_array().tolist())
 
     def __repr__(self) -> str:
@@ -126,7 +128,7 @@ class Move(Frozen):
     index: tuple[slice, ...]
     stage: int
     nbytes: int
-    key: tuple  # (stage, src_rank, dst_rank, index starts): the one order of receives, sends and moves
+    key: tuple[int, int, int, tuple[int, ...]]  # (stage, src_rank, dst_rank, index starts): the one order of receives, sends and moves
 
     def __init__(self, src_rank: int, dst_rank: int, index: Sequence[slice], stage: int, nbytes: int) -> None:
         api = "Move"
@@ -166,7 +168,7 @@ class Move(Frozen):
     def __hash__(self) -> int:
         return hash((self.key, tuple(s.stop for s in self.index), self.nbytes))
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Move], tuple[int, int, tuple[slice, ...], int, int]]:
         return (Move, (self.src_rank, self.dst_rank, self.index, self.stage, self.nbytes))
 
     def __repr__(self) -> str:
@@ -174,8 +176,14 @@ class Move(Frozen):
         return f"Move({self.src_rank} -> {self.dst_rank}, [{where}], stage {self.stage}, {self.nbytes} bytes)"
 
 
-def _key(move: Move) -> tuple:
+def _key(move: Move) -> tuple[int, int, int, tuple[int, ...]]:
     return move.key
+
+
+class _Cache(TypedDict, total=False):
+    moves: tuple[Move, ...]
+    bytes_moved: int
+    max_send_bytes: int
 
 
 class ReshardPlan(Frozen):
@@ -213,6 +221,11 @@ class ReshardPlan(Frozen):
     dtype: object
     itemsize: int
     relays: bool
+    _s: B.Side
+    _d: B.Side
+    _levels: int
+    _apart: bool
+    _cache: _Cache
 
     def __init__(self, src: NamedSharding, dst: NamedSharding, shape: tuple[int, ...], dtype: object,
                  itemsize: int, relays: bool) -> None:  # plan_reshard validates
@@ -604,7 +617,8 @@ class ReshardPlan(Frozen):
     def __hash__(self) -> int:
         return hash((self.src, self.dst, self.shape, self.itemsize, self.relays))
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[NamedSharding, NamedSharding, tuple[int, ...], object, bool], ReshardPlan],
+                                  tuple[NamedSharding, NamedSharding, tuple[int, ...], object, bool]]:
         return (_rebuild_plan, (self.src, self.dst, self.shape, self.dtype, self.relays))
 
     def __repr__(self) -> str:
@@ -738,7 +752,7 @@ class ShapeDtypeStruct(Frozen):
     def __hash__(self) -> int:
         return hash((self.shape, self.dtype, self.sharding))
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[ShapeDtypeStruct], tuple[tuple[int, ...], object, NamedSharding | None]]:
         return (ShapeDtypeStruct, (self.shape, self.dtype, self.sharding))
 
     def __repr__(self) -> str:

@@ -22,7 +22,7 @@ Examples:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -56,9 +56,9 @@ def _entry(value: object) -> Entry:
 
 def _unreduced(value: object, given: tuple[Entry, ...]) -> frozenset[str]:
     """The axes a value is unreduced over: any iterable of names (one name alone as well), none on a dim."""
-    names = (value,) if isinstance(value, str) else value
+    given_names = (value,) if isinstance(value, str) else value
     try:
-        names = tuple(names)  # type: ignore[arg-type]
+        names: tuple[Any, ...] = tuple(given_names)  # type: ignore[arg-type]  # Any: the caller's, checked below
     except TypeError:
         raise TypeError(requires("PartitionSpec", "unreduced= an iterable of axis names", "unreduced",
                                  value)) from None
@@ -185,13 +185,13 @@ class PartitionSpec(Frozen):
     def __hash__(self) -> int:
         return hash(self._key)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Callable[[tuple[Any, ...]], PartitionSpec], tuple[tuple[Any, ...]]]:
         return (PartitionSpec.from_key, (self._key,))
 
     def __len__(self) -> int:
         return len(self._given)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Entry]:
         return iter(self._given)
 
     def __getitem__(self, i: int) -> Entry:
@@ -349,8 +349,12 @@ class NamedSharding:
             {0: (slice(0, 2, None),), 1: (slice(2, 4, None),)}
         """
         shape = global_shape_of(self, "NamedSharding.devices_indices_map", global_shape)
-        return {rank: self._slices(shape, dict(zip(self.mesh.axis_names, self.mesh.coordinate(rank), strict=True)))
-                for rank in self.mesh.devices.tolist()}
+        out = {}
+        for rank in self.mesh.devices.tolist():
+            coordinate = self.mesh.coordinate(rank)
+            assert coordinate is not None  # a rank of the mesh's own devices
+            out[rank] = self._slices(shape, dict(zip(self.mesh.axis_names, coordinate, strict=True)))
+        return out
 
     @property
     def is_fully_replicated(self) -> bool:
@@ -422,7 +426,7 @@ def placement_plan(sharding: NamedSharding) -> tuple[tuple[int, int | None] | st
     """
     mesh, spec = sharding.mesh, sharding.spec
     order = {n: i for i, n in enumerate(mesh.axis_names)}
-    plan: list[tuple[int, int | None] | None] = [None] * mesh.ndim
+    plan: list[tuple[int, int | None] | str | None] = [None] * mesh.ndim
     for d in range(len(spec)):
         axes = spec.axes_of(d)
         for j, name in enumerate(axes):
@@ -441,19 +445,19 @@ def spec_from_plan(api: str, mesh: Mesh, plan: Sequence[tuple[int, int | None] |
     """
     by_dim: dict[int, list[str]] = {}
     unreduced = [name for name, p in zip(mesh.axis_names, plan, strict=True) if p == UNREDUCED]
-    plan = [None if p == UNREDUCED else p for p in plan]
-    for name, p in zip(mesh.axis_names, plan, strict=True):
+    splits = [None if isinstance(p, str) else p for p in plan]  # str: UNREDUCED, the one str a plan holds
+    for name, p in zip(mesh.axis_names, splits, strict=True):
         if p is not None:
             by_dim.setdefault(p[0], []).append(name)
     entries: list[object] = [None] * (max(by_dim, default=-1) + 1)
     for dim, names in by_dim.items():
-        wanted = [p for p in plan if p is not None and p[0] == dim]
+        wanted = [p for p in splits if p is not None and p[0] == dim]
         for order in itertools.permutations(names):
             entries[dim] = order
             trial = placement_plan(NamedSharding(mesh, PartitionSpec(*entries)))
             if [p for p in trial if p is not None and p[0] == dim] == wanted:
                 break
         else:
-            raise MeshError(requires(api, "placements that a PartitionSpec can express", "placements", tuple(plan)),
+            raise MeshError(requires(api, "placements that a PartitionSpec can express", "placements", tuple(splits)),
                             mesh=mesh)
     return PartitionSpec(*entries, unreduced=unreduced)

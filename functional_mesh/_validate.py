@@ -16,6 +16,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
+from typing import Any
 
 import numpy as np
 
@@ -137,7 +138,7 @@ def as_int_array(api: str, values: object) -> np.ndarray:
         raise MeshError(requires(api, "a rectangular (non-ragged) nesting of ranks", "devices", values)) from None
 
 
-def _collect_ints(api: str, values: Iterable, out: list[int]) -> None:
+def _collect_ints(api: str, values: Iterable[Any], out: list[int]) -> None:  # Any: the caller's; index() checks
     for v in values:
         if isinstance(v, (list, tuple, np.ndarray)):
             _collect_ints(api, v, out)

@@ -211,7 +211,7 @@ def _plan_picture(plan: ReshardPlan, color: bool, limit: int) -> str:
         cells = [(f"{m.src_rank} -> {m.dst_rank}", ", ".join(_block_label(s) for s in m.index) or "()",
                   f"{m.nbytes} bytes" + (" (local copy)" if m.src_rank == m.dst_rank else ""), m.src_rank)
                  for m in shown]
-        widths = [max([len(c[i]) for c in cells] + [0]) for i in range(2)]
+        widths = [max([len(c[0]) for c in cells] + [0]), max([len(c[1]) for c in cells] + [0])]
         for who, where, size, sender in cells:
             lines.append("  " + _paint(who.ljust(widths[0]), sender, color) + "  " + where.ljust(widths[1]) + "  " + size)
         if len(shown) < len(these):
@@ -230,7 +230,9 @@ def _rank_at(mesh: Mesh, group: int, coord: Sequence[int]) -> int:
 
 def _group_index(family: Mesh, rank: int) -> int:
     """Which group of ``family`` holds ``rank`` (the inverse of the group part of :func:`_rank_at`)."""
-    return L.digits_value(family_modes(family), family.device_list.index_of(rank))
+    position = family.device_list.index_of(rank)
+    assert position is not None  # a rank of the family
+    return L.digits_value(family_modes(family), position)
 
 
 def _page(mesh: Mesh, group: int, lead: tuple[int, ...], family: Mesh | None, color: bool, limit: int) -> list[str]:
@@ -324,7 +326,9 @@ def visualize_sharding(sharding: NamedSharding, global_shape: Sequence[int], *, 
     by_block: dict[tuple[int, ...], list[int]] = {}
     slices_of: dict[tuple[int, ...], tuple[slice, ...]] = {}
     for rank, slices in sorted(sharding.devices_indices_map(shape).items()):
-        coord = dict(zip(mesh.axis_names, mesh.coordinate(rank), strict=True))
+        coordinate = mesh.coordinate(rank)
+        assert coordinate is not None  # a rank of the mesh's own devices
+        coord = dict(zip(mesh.axis_names, coordinate, strict=True))
         key = tuple(_ravel([coord[a] for a in axes], [mesh.axis_size(a) for a in axes]) for axes in dim_axes)
         by_block.setdefault(key, []).append(rank)
         slices_of[key] = slices
