@@ -285,6 +285,7 @@ def _across(x: Any, sharding: Any, mesh: Any, async_op: bool, bucket_bytes: int 
         raise MeshError(requires("reshard", "bucket_bytes=None or a positive int", "bucket_bytes", bucket_bytes))
     pytree = _torch.pytree
     leaves, tree = pytree.tree_flatten(x, is_leaf=_is_value)
+    flat: list[Any] | None
     if _is_sharding(sharding):
         flat = [sharding] * len(leaves)
     else:

@@ -47,7 +47,7 @@ __all__ = ["Mesh", "MeshShape", "axes_size", "axis_layouts", "axis_position", "f
            "select"]
 
 
-@attrs.frozen(weakref_slot=False)
+@attrs.frozen(weakref_slot=False, init=False)  # init=False: what attrs detects anyway, said for mypy
 class Mesh:
     """Named axes over canonical layouts on a device list; immutable, hashable, picklable.
 

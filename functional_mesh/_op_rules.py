@@ -114,7 +114,8 @@ _read_parameters(*_DROPOUTS)
 def is_random(func: Any, args: tuple, kwargs: dict) -> bool:
     """Whether this call draws random numbers (each rank from its own generator)."""
     random = op_kind(func).random
-    return random == "always" or (random == "maybe" and _RANDOM[func](func, args, kwargs))
+    return random == "always" or (random == "maybe" and (rule := _RANDOM[func]) is not None
+                                  and rule(func, args, kwargs))
 
 
 # -- in-place writes and untypeable ops -------------------------------------------------------------------

@@ -170,6 +170,7 @@ def _apply(p: RealizePlan) -> RealizedMesh:
     if p.init is not None:
         init_default(p.init, p.init_timeout)
     if p.request is not None:
+        assert p.wait_s is not None  # a plan asks for the check only with a wait
         _agree_on(p.mesh, p.request, p.members_only, p.rank, p.world, p.wait_s)
         # after the check every member has arrived, so the marks of groups that failed on any of
         # them are in the store: all drop those groups alike and make new ones together

@@ -107,7 +107,10 @@ class AllReduce(NamedTuple):
 
     group: Any
     op: str = "sum"
-    local = False
+
+    @property
+    def local(self) -> bool:
+        return False
 
     @property
     def grad_by_torch(self) -> bool:
@@ -134,8 +137,14 @@ class Identity(NamedTuple):
     """``x`` itself, as a new tensor (pvary's forward). Transpose: the sum over the group (:class:`AllReduce`)."""
 
     group: Any
-    local = True
-    grad_by_torch = False
+
+    @property
+    def local(self) -> bool:
+        return True
+
+    @property
+    def grad_by_torch(self) -> bool:
+        return False
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         return x.view_as(x)
@@ -167,9 +176,15 @@ class Gather(NamedTuple):
     group: Any
     n: int
     dim: int
-    index: int | None = None
-    local = False
-    grad_by_torch = False
+    index: int | None = None  # type: ignore[assignment]  # a field named as tuple.index, which it hides
+
+    @property
+    def local(self) -> bool:
+        return False
+
+    @property
+    def grad_by_torch(self) -> bool:
+        return False
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
@@ -197,8 +212,14 @@ class Scatter(NamedTuple):
     n: int
     dim: int
     op: str = "sum"
-    local = False
-    grad_by_torch = False
+
+    @property
+    def local(self) -> bool:
+        return False
+
+    @property
+    def grad_by_torch(self) -> bool:
+        return False
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
@@ -227,9 +248,15 @@ class Slice(NamedTuple):
     group: Any
     n: int
     dim: int
-    index: int
-    local = True
-    grad_by_torch = False
+    index: int  # type: ignore[assignment]  # a field named as tuple.index, which it hides
+
+    @property
+    def local(self) -> bool:
+        return True
+
+    @property
+    def grad_by_torch(self) -> bool:
+        return False
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         size = x.shape[self.dim] // self.n
@@ -247,8 +274,14 @@ class Exchange(NamedTuple):
     n: int
     split_dim: int
     concat_dim: int
-    local = False
-    grad_by_torch = False
+
+    @property
+    def local(self) -> bool:
+        return False
+
+    @property
+    def grad_by_torch(self) -> bool:
+        return False
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
@@ -280,8 +313,14 @@ class Ragged(NamedTuple):
     group: Any
     sent: tuple[int, ...]
     got: tuple[int, ...]
-    local = False
-    grad_by_torch = False
+
+    @property
+    def local(self) -> bool:
+        return False
+
+    @property
+    def grad_by_torch(self) -> bool:
+        return False
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
@@ -307,8 +346,14 @@ class Permute(NamedTuple):
     n: int
     me: int
     pairs: tuple[tuple[int, int], ...]
-    local = False
-    grad_by_torch = False
+
+    @property
+    def local(self) -> bool:
+        return False
+
+    @property
+    def grad_by_torch(self) -> bool:
+        return False
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:  # one member: (0, 0) sends x to itself; no pair sends nothing
@@ -348,8 +393,14 @@ class PointToPoint(NamedTuple):
     members: tuple[int, ...]
     me: int
     pairs: tuple[tuple[int, int], ...]
-    local = False
-    grad_by_torch = False
+
+    @property
+    def local(self) -> bool:
+        return False
+
+    @property
+    def grad_by_torch(self) -> bool:
+        return False
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         return _torch.wait(*self.start(x))
@@ -407,8 +458,14 @@ class Arrived(NamedTuple):
 
     step: AsyncStep
     arrived: torch.Tensor
-    local = True
-    grad_by_torch = False
+
+    @property
+    def local(self) -> bool:
+        return True
+
+    @property
+    def grad_by_torch(self) -> bool:
+        return False
 
     @property
     def group(self) -> Any:

@@ -733,7 +733,7 @@ def region_trace_failure() -> str | None:
         finally:
             for stack, before in zip(events, saved, strict=True):
                 stack[:] = before
-            if counted is not None:  # the probe's graph is no graph of the program's
+            if counters is not None and counted is not None:  # the probe's graph is no graph of the program's
                 counters.clear()
                 counters.update(counted)
     return _REGION_TRACE[0]
