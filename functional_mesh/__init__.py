@@ -9,6 +9,7 @@ backend, ``rm = realize(make_mesh((2, 4), ("dp", "tp")))`` (docs/api.md, "Exampl
 """
 
 import importlib as _importlib  # private: dir(functional_mesh) lists the public names only
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from . import layout as layout  # the public layout-algebra module: fm.layout.complement, ...
 from ._errors import MeshError, UnknownAxisError
@@ -54,6 +55,20 @@ _LAZY: dict[str, str] = {
     "axis_size": "_collectives",
     "Pending": "_pending",
 }
+
+if _TYPE_CHECKING:  # the names below, for type checkers: imported here they would load torch
+    from ._realize import realize as realize
+    from ._handle import (RealizedMesh as RealizedMesh, current_mesh as current_mesh, abort as abort,
+        CollectiveError as CollectiveError)
+    from ._cache import CacheInfo as CacheInfo, cache_info as cache_info, clear_cache as clear_cache
+    from ._interop import (from_device_mesh as from_device_mesh, distribute as distribute,
+        sharding_of as sharding_of, reshard as reshard)
+    from ._shard_map import shard_map as shard_map, typeof as typeof
+    from ._collectives import (pcast as pcast, psum as psum, pmean as pmean, pmax as pmax, pmin as pmin,
+        pvary as pvary, all_gather as all_gather, psum_scatter as psum_scatter, all_to_all as all_to_all,
+        ppermute as ppermute, ragged_all_to_all as ragged_all_to_all, axis_index as axis_index,
+        axis_size as axis_size)
+    from ._pending import Pending as Pending
 
 __all__ = [
     "AxisTypes", "Layout", "Mesh", "MeshError", "MeshShape", "Move", "NamedSharding", "P", "PartitionSpec",

@@ -41,7 +41,7 @@ import json
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -112,7 +112,37 @@ class Realized(NamedTuple):
     epoch: int  # the epoch the groups belong to
 
 
-class _Lookup:
+class _GroupCacheFields:
+    # The fields GroupCache sets (its __init__ says what each holds), declared once for the type checker,
+    # for it and its four parts.
+    lock: threading.RLock
+    axes: dict[tuple[Any, ...], Any]
+    groups: dict[tuple[Any, ...], Any]
+    created: list[Any]
+    labels: dict[Any, list[str]]
+    self_group: Any
+    flattened: list[tuple[weakref.ref[Any], tuple[str, ...]]]
+    local: dict[tuple[Any, ...], Any]
+    local_count: dict[tuple[Any, ...], int]
+    made: int
+    hits: int
+    misses: int
+    epoch: int
+    ended: str
+    failed_default: weakref.ref[Any] | None
+    marks_read: tuple[Any, int]
+
+    if TYPE_CHECKING:  # what the parts call on each other (_Making's, _Failing's)
+        def _create(self, rows: tuple[tuple[int, ...], ...], label: str, settings: AxisSettings,
+                    request: Request) -> None: ...
+
+        def _local(self, rows: tuple[tuple[int, ...], ...], label: str, settings: AxisSettings,
+                   request: Request) -> Any: ...
+
+        def default_failed(self, default: Any) -> bool: ...
+
+
+class _Lookup(_GroupCacheFields):
     """A part of :class:`GroupCache`: each family's group found by its axis key, or made (by
     :class:`_Making`) and kept under it; the descriptions of the groups; the one-rank group lent
     for size-1 axes. No fields of its own: it reads and writes those ``GroupCache`` sets."""
@@ -190,7 +220,7 @@ class _Lookup:
         return self.self_group
 
 
-class _Making:
+class _Making(_GroupCacheFields):
     """A part of :class:`GroupCache`: the groups missing for an axis's member tuples, made by every
     rank (``new_group``, ``split_group``, or the default group borrowed) or, for a members-only
     call, by this rank's group's members alone; each kept under its ordered member tuple."""
@@ -273,7 +303,7 @@ class _Making:
 
 
 
-class _Ending:
+class _Ending(_GroupCacheFields):
     """A part of :class:`GroupCache`: forgetting groups when they end (``clear_cache``, ``abort``),
     all of them or those holding given ranks, and starting the next epoch."""
 
@@ -326,7 +356,7 @@ class _Ending:
 
 
 
-class _Failing:
+class _Failing(_GroupCacheFields):
     """A part of :class:`GroupCache`: groups on which a collective failed, dropped from the cache
     (here, or on another member that marked them in the store) so that no realize hands them out
     again; the next realize over those ranks makes a new group, by the same rules as any miss."""

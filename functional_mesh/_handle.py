@@ -19,7 +19,7 @@ Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 
@@ -137,7 +137,31 @@ def _read_only(slot: str, doc: str) -> Any:
     return property(read, doc=doc)
 
 
-class _Queries:
+class _RealizedFields:
+    # The fields of RealizedMesh (its __slots__), declared once for the type checker, for it and its two parts.
+    __slots__ = ()
+    _mesh: Mesh
+    _device_type: str
+    _backend: str
+    _rank: int
+    _coordinate: tuple[int, ...] | None
+    _groups: dict[Any, Any]  # axis name or product tuple -> ProcessGroup | None
+    _epoch: int
+    _root: RealizedMesh | None
+    _device_mesh: Any  # torch's DeviceMesh, or None before first use
+    _sizes: dict[str, int]
+    _index: dict[str, int]
+    _hops: dict[Any, Hop]
+    _self_group: Any  # a ProcessGroup or None
+    _memo: dict[Any, Any]
+
+    if TYPE_CHECKING:  # what the parts call on each other (RealizedMesh's, _Queries's)
+        def _check_alive(self, api: str) -> None: ...
+
+        def _lend(self, key: str | tuple[str, ...], pg: Any) -> Any: ...
+
+
+class _Queries(_RealizedFields):
     """A part of :class:`RealizedMesh`: what a handle answers about its axes and groups (sizes, this
     rank's indices and device, the group of an axis or product). No fields of its own: it reads
     those ``RealizedMesh`` sets, and communicates nothing."""
@@ -153,7 +177,7 @@ class _Queries:
         """Size of ``axis`` (no communication)."""
         size = self._sizes.get(axis) if isinstance(axis, str) else None
         if size is None:  # not an axis of the mesh: the error
-            axis_position(self._mesh, axis, "RealizedMesh.axis_size")
+            return self._mesh.axis_sizes[axis_position(self._mesh, axis, "RealizedMesh.axis_size")]
         return size
 
     def group(self, axis: str | Sequence[str]) -> Any:
@@ -219,7 +243,7 @@ class _Queries:
 
 
 
-class _TorchMesh:
+class _TorchMesh(_RealizedFields):
     """A part of :class:`RealizedMesh`: the torch ``DeviceMesh`` over the handle's groups, built once
     on first use and kept in its ``_device_mesh`` slot."""
 
@@ -251,14 +275,15 @@ class _TorchMesh:
         root = self._root
         if root is not None and _in_order(mesh.axis_names, root.mesh.axis_names):
             return root.device_mesh[mesh.axis_names if mesh.ndim > 1 else mesh.axis_names[0]]
-        submesh = mesh.group_of(self._rank)
-        groups = []
+        submesh, coordinate = mesh.group_of(self._rank), self._coordinate
+        assert submesh is not None and coordinate is not None  # device_mesh answered None outside the mesh
+        groups: list[Any] = []
         for i, name in enumerate(mesh.axis_names):
             if name not in self._groups:  # left out by realize(axes=...): a dim without a group
                 groups.append(None)
                 continue
             pg = self._lend(name, self._groups[name])
-            index = tuple(slice(None) if j == i else c for j, c in enumerate(self._coordinate))
+            index = tuple(slice(None) if j == i else c for j, c in enumerate(coordinate))
             row = submesh[index].reshape(-1).tolist()
             members = _torch.group_members(pg)
             if members != row:
@@ -401,7 +426,8 @@ class Hop(NamedTuple):
     name: str | None  # its group name, what torch's functional collectives take (None: no group)
     size: int
     axes: tuple[str, ...]
-    index: int | None  # this rank's index in it: its coordinate along ``axes``, first axis major
+    # the ignore below: a field named as tuple.index, which it hides
+    index: int | None  # type: ignore[assignment]  # this rank's index in it: its coordinate along ``axes``, first axis major
 
 
 def _hop(key: str | tuple[str, ...], pg: Any, mesh: Mesh, sizes: dict[str, int], index: dict[str, int]) -> Hop:

@@ -40,7 +40,7 @@ from . import _torch
 from ._agree import agree, as_check_timeout, next_call
 from ._debug import CHECK_COLLECTIVES_ENV, is_check_on
 from ._errors import MeshError, requires
-from ._handle import RealizedMesh, comm_failure, hop_of
+from ._handle import Hop, RealizedMesh, comm_failure, hop_of
 from ._mesh import Mesh
 from ._pending import Pending, Slot
 from ._realize import realize
@@ -73,11 +73,26 @@ class _Call:
 
     __slots__ = ("api", "names", "slot", "leaves", "exchanges", "done", "packed", "group", "hop", "pad", "union",
                  "rank", "device", "held", "finish")
+    api: str
+    names: tuple[str, ...]
+    slot: Slot | None
+    leaves: list[_Leaf]
+    exchanges: list[tuple[tuple[int, ...], int, bool]]
+    done: int
+    packed: dict[int, Any]
+    group: Any  # the bridge's ProcessGroup (None: nothing crosses)
+    hop: Hop | None
+    pad: bool
+    union: list[int]
+    rank: int
+    device: torch.device
+    held: list[list[Any]]
+    finish: Callable[[list[torch.Tensor | None]], Any]
 
     def __init__(self) -> None:
         self.api, self.names, self.slot = _API, (BRIDGE_AXIS,), None
         self.done = 0  # exchanges finished
-        self.packed: dict[int, Any] = {}  # exchange number -> (buffer, step, receive list), packed once
+        self.packed = {}  # exchange number -> (buffer, step, receive list), packed once
 
 
 # -- the call -----------------------------------------------------------------------------------------------
@@ -101,9 +116,9 @@ def across(xs: list[Any], srcs: list[NamedSharding], dsts: list[NamedSharding], 
     in_dst = dst_mesh.coordinate(rank) is not None
     in_src = [s.mesh.coordinate(rank) is not None for s in srcs]
     if not in_dst and not any(in_src):
-        meshes = sorted({repr(s.mesh) for s in srcs} | {repr(dst_mesh)})
+        named = sorted({repr(s.mesh) for s in srcs} | {repr(dst_mesh)})
         raise MeshError(requires(_API, "a rank of the source or the destination mesh (the ranks of neither call "
-                                 "nothing)", "rank", rank, " or ".join(meshes)), mesh=dst_mesh)
+                                 "nothing)", "rank", rank, " or ".join(named)), mesh=dst_mesh)
     rm = _destination_handle(mesh, dst_mesh, in_dst, srcs)
     shapes, dtypes, device = _check_leaves(xs, srcs, in_src, rank)
     if device is None:
@@ -208,9 +223,10 @@ def _agree_on_call(union: list[int], rank: int, shapes: Sequence[tuple[int, ...]
     space = "reshard/" + hashlib.sha1(",".join(map(str, union)).encode(), usedforsecurity=False).hexdigest()[:16]
     n = next_call(space)
     where = f"ranks {union}" if len(union) <= 16 else f"{len(union)} ranks"
+    wait_s = as_check_timeout(True, os.environ, _API)
+    assert wait_s is not None  # check=True: always a wait
     agree(_API, f"every rank of both meshes to make the same call ({CHECK_COLLECTIVES_ENV} on)",
-          f"reshard call #{n} of {where}", f"functional_mesh/reshard/{space}/{n}", union, rank, request,
-          as_check_timeout(True, os.environ, _API))
+          f"reshard call #{n} of {where}", f"functional_mesh/reshard/{space}/{n}", union, rank, request, wait_s)
 
 
 def _plan_leaf(x: Any, src: NamedSharding, dst: NamedSharding, shape: tuple[int, ...], dtype: torch.dtype, rank: int,
@@ -278,6 +294,7 @@ def _run(call: _Call) -> Any:
                     step = call.slot.take(buf, step, None)
                 arrived = step.run(buf)
             except RuntimeError as exc:
+                assert call.hop is not None  # a step: something crosses, over the bridge's hop
                 raise comm_failure(_API, call.hop, call.device.type, exc) from exc
             _unpack(call, arrived, receive)
         call.packed.pop(e)
@@ -290,7 +307,7 @@ def _pack(call: _Call, bucket: tuple[int, ...], stage: int, crosses: bool) -> tu
     rank, union = call.rank, call.union
     position = {r: j for j, r in enumerate(union)}
     to: list[list[tuple[int, Any]]] = [[] for _ in union]
-    frm: list[list[tuple[int, Any]]] = [[] for _ in union]
+    frm: list[list[tuple[int | None, Any]]] = [[] for _ in union]  # None: this rank's byte to itself
     for i in bucket:
         leaf = call.leaves[i]
         for m in leaf.sends:
@@ -335,6 +352,7 @@ def _unpack(call: _Call, arrived: torch.Tensor, receive: list[tuple[int, Any]]) 
         at += m.nbytes
         shape = tuple(s.stop - s.start for s in m.index)
         if leaf.dst_block is not None and _inside(m.index, leaf.dst_block):  # the common case: into place, as bytes
+            assert leaf.out is not None  # a destination block: its buffer
             region = leaf.out[_relative(m.index, leaf.dst_block)]
             _bytes_of(region).copy_(_as_bytes(chunk, shape, leaf.dtype))
             if leaf.relays:  # a later stage forwards it from where it landed
@@ -347,6 +365,7 @@ def _piece(call: _Call, i: int, index: tuple[slice, ...]) -> torch.Tensor:
     """The box ``index`` of leaf ``i``, from this rank's source block or a piece it received earlier."""
     leaf = call.leaves[i]
     if leaf.src_block is not None and _inside(index, leaf.src_block):
+        assert leaf.local is not None  # a source block: its tensor
         return leaf.local[_relative(index, leaf.src_block)]
     for box, tensor in call.held[i]:
         if _inside(index, box):
@@ -364,6 +383,7 @@ def _place(call: _Call, i: int, index: tuple[slice, ...], piece: torch.Tensor) -
     meet = tuple(slice(max(a.start, b.start), min(a.stop, b.stop)) for a, b in zip(index, leaf.dst_block, strict=True))
     if any(s.stop <= s.start for s in meet):
         return
+    assert leaf.out is not None  # a destination block: its buffer
     leaf.out[_relative(meet, leaf.dst_block)] = piece[_relative(meet, index)]
 
 

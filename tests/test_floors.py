@@ -99,6 +99,9 @@ def imports() -> list[tuple[str, str, bool, int]]:
         module = path.stem
         tree = ast.parse(path.read_text(), filename=str(path))
         top = {id(n) for n in tree.body}
+        # a module-level `if TYPE_CHECKING:` block's imports are the module's own (for type checkers only)
+        top |= {id(m) for n in tree.body if isinstance(n, ast.If) and isinstance(n.test, ast.Name)
+                and n.test.id in ("TYPE_CHECKING", "_TYPE_CHECKING") for m in n.body}
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for target in _target(node, module):
