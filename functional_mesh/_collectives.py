@@ -1,24 +1,9 @@
-"""Collectives by axis name: one table of records, each holding everything about one collective.
+"""Collectives by axis name, one :class:`Collective` record each (as JAX keeps a primitive's rules by it).
 
-As JAX keeps each primitive's rules beside its implementation (``jax/_src/lax/parallel.py``),
-each collective here is one :class:`Collective` record: its parameters and how they are checked,
-its type rule for a typed ``shard_map`` region, its untyped-region convention, and its
-communication (steps of ``_steps``, each with its transpose). The public functions are thin and
-uniform: each passes its arguments to ``_call.dispatch``, which sends the call to the open region
-(if any) or runs the record. The region (``_region``) handles every collective through its
-record and never names one. Adding a collective is one record, its public function, tests, docs.
-
-What the collectives share (tensors in, new tensors out; ``axis``, ``mesh``, ``async_op``,
-``op_dtype``; the plan of a tuple of axes; the errors) is written once, in docs/api.md, "Shared
-arguments", and their autograd rules in docs/design.md, "Collectives and autograd". A size-1 axis
-has no group and costs no communication (docs/design.md, "Size-1 axes"). The examples use ``rm``,
-rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
-
-Two rooms beside this one: ``_runs`` holds how each record runs a bound call (its parameters
-checked, its steps over the call's groups, its untyped convention, its debug text); ``_call`` the
-call machinery (resolving ``axis``, checking a call, dispatch, issuing with ``async_op`` and
-``op_dtype``, the debug check, each step paired with its transpose), whose docstring says what a
-call costs.
+A record holds a collective's parameter checks, its typed-region rule, its untyped convention and its
+steps; the public functions only pass their arguments to ``_call.dispatch``. Shared arguments and errors:
+docs/api.md, "Shared arguments"; autograd: docs/design.md, "Collectives and autograd". ``_runs`` runs the
+records, ``_call`` holds the call machinery. Examples use ``rm``, rank 5 of 8 on the fake backend.
 """
 
 from __future__ import annotations
@@ -49,36 +34,23 @@ def psum(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
          op_dtype: torch.dtype | None = None) -> torch.Tensor | Pending:
     """Sum ``x`` over the members of ``axis``: every member gets the same total.
 
-    Four members holding ``0, 1, 2, 3`` each get ``6``. The result is invariant over ``axis``;
-    its backward is the identity (each member's cotangent passes back as it is, Megatron's g).
-    In a typed region an operand that is invariant over ``axis`` is cast first (``pvary``), so its
-    ``psum`` is ``n * x``, as in JAX.
+    Backward: the identity (Megatron's g). In a typed region an operand invariant over ``axis`` is cast
+    first (``pvary``), so its ``psum`` is ``n * x``, as in JAX.
 
     Args:
         x: this member's tensor.
-        axis, mesh, async_op, op_dtype: as for every collective (docs/api.md, "Shared arguments").
+        axis, mesh, async_op, op_dtype: docs/api.md, "Shared arguments".
 
     Returns:
-        A new tensor, the sum, with ``x``'s shape and dtype.
+        A new tensor, the sum, with ``x``'s shape and dtype, invariant over ``axis``.
 
     Raises:
-        Every collective's errors (docs/api.md, "Shared arguments"), and:
-        TypeError: ``x`` is not a tensor (for ``psum(1, axis)``, JAX's idiom for the size of the
-            axes, call :func:`axis_size`).
+        The shared errors (docs/api.md), and TypeError for a non-tensor ``x`` (for JAX's
+        ``psum(1, axis)``, call :func:`axis_size`).
 
     Examples:
         >>> fm.psum(torch.ones(2, 3), "tp", mesh=rm).shape
         torch.Size([2, 3])
-        >>> pending = fm.psum(torch.ones(2, 3), "tp", mesh=rm, async_op=True)  # started; returns at once
-        >>> pending.wait().shape
-        torch.Size([2, 3])
-        >>> fm.psum(torch.ones(2, dtype=torch.bfloat16), "tp", mesh=rm, op_dtype=torch.float32).dtype
-        torch.bfloat16
-        >>> def body(v):
-        ...     print(fm.typeof(fm.psum(v, "tp")))
-        ...     return v
-        >>> _ = fm.shard_map(body, mesh=rm, in_specs=fm.P("tp"), out_specs=fm.P("tp"))(torch.ones(8))
-        AxisTypes(varying=frozenset())
     """
     return dispatch(PSUM, psum, x, axis, mesh, {"async_op": async_op, "op_dtype": op_dtype})
 
@@ -87,82 +59,59 @@ def pmean(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | No
           op_dtype: torch.dtype | None = None) -> torch.Tensor | Pending:
     """The mean of ``x`` over the members of ``axis``: ``psum(x, axis) / n``.
 
-    Four members holding ``0, 1, 2, 3`` each get ``1.5``. Typed and differentiated as
-    :func:`psum` (backward: the cotangent divided by ``n``).
-
     Args:
-        x: this member's tensor (floating point: the division is true division; with ``op_dtype``,
-            in that dtype).
-        axis, mesh, async_op, op_dtype: as for every collective (docs/api.md, "Shared arguments").
+        x: this member's floating-point tensor.
+        axis, mesh, async_op, op_dtype: docs/api.md, "Shared arguments".
 
     Returns:
         A new tensor, the mean, with ``x``'s shape.
 
     Raises:
-        Every collective's errors (docs/api.md, "Shared arguments").
+        The shared errors (docs/api.md).
 
     Examples:
         >>> fm.pmean(torch.ones(2, 3), ("dp", "tp"), mesh=rm).shape
         torch.Size([2, 3])
-        >>> grads = torch.ones(4, dtype=torch.bfloat16)
-        >>> fm.pmean(grads, "dp", mesh=rm, op_dtype=torch.float32, async_op=True).wait().dtype
-        torch.bfloat16
     """
     return dispatch(PMEAN, pmean, x, axis, mesh, {"async_op": async_op, "op_dtype": op_dtype})
 
 
 def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None,
          async_op: bool = False) -> torch.Tensor | Pending:
-    """The elementwise maximum of ``x`` over the members of ``axis``: every member gets the same.
+    """The elementwise maximum of ``x`` over the members of ``axis``.
 
-    Four members holding ``[0, 5]``, ``[3, 5]``, ``[1, 2]``, ``[2, 0]`` each get ``[3, 5]``. The
-    result is invariant over ``axis`` (typed as :func:`psum`). Its gradient goes to the members
-    whose ``x`` holds the maximum, split evenly where several do, as ``torch.amax`` over the
-    stacked members does: above, the cotangent of ``3`` goes to the second member, and half of
-    the cotangent of ``5`` to each of the first two.
+    The gradient goes to the members holding the maximum, split evenly among ties (as ``torch.amax``).
 
     Args:
-        x: this member's tensor (real: integers or floating point).
-        axis, mesh, async_op: as for every collective (docs/api.md, "Shared arguments").
+        x: this member's real tensor.
+        axis, mesh, async_op: docs/api.md, "Shared arguments".
 
     Returns:
-        A new tensor, the maximum, with ``x``'s shape and dtype.
+        A new tensor, the maximum, with ``x``'s shape and dtype, invariant over ``axis``.
 
     Raises:
-        Every collective's errors (docs/api.md, "Shared arguments"), and:
-        TypeError: ``x`` is complex.
+        The shared errors (docs/api.md), and TypeError for a complex ``x``.
 
     Examples:
-        >>> x = torch.ones(2, 3, requires_grad=True)
-        >>> y = fm.pmax(x, "tp", mesh=rm)
-        >>> y.shape, y.requires_grad
-        (torch.Size([2, 3]), True)
-        >>> def body(v):
-        ...     print(fm.typeof(fm.pmax(v, "tp")))
-        ...     return v
-        >>> _ = fm.shard_map(body, mesh=rm, in_specs=fm.P("tp"), out_specs=fm.P("tp"))(torch.ones(8))
-        AxisTypes(varying=frozenset())
+        >>> fm.pmax(torch.ones(2, 3), "tp", mesh=rm).shape
+        torch.Size([2, 3])
     """
     return dispatch(PMAX, pmax, x, axis, mesh, {"async_op": async_op})
 
 
 def pmin(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None,
          async_op: bool = False) -> torch.Tensor | Pending:
-    """The elementwise minimum of ``x`` over the members of ``axis``: :func:`pmax` with ``min``.
-
-    Four members holding ``[0, 5]``, ``[3, 5]``, ``[1, 2]``, ``[2, 0]`` each get ``[0, 0]``; the
-    gradient goes to the members holding the minimum, split evenly among ties (``torch.amin``).
+    """:func:`pmax` with the minimum.
 
     Args:
-        x: this member's tensor (real: integers or floating point).
-        axis, mesh, async_op: as for every collective (docs/api.md, "Shared arguments").
+        x: this member's real tensor.
+        axis, mesh, async_op: docs/api.md, "Shared arguments".
 
     Returns:
         A new tensor, the minimum, with ``x``'s shape and dtype.
 
     Raises:
-        Every collective's errors (docs/api.md, "Shared arguments"), and:
-        TypeError: ``x`` is complex.
+        The shared errors (docs/api.md), and TypeError for a complex ``x``.
 
     Examples:
         >>> fm.pmin(torch.arange(6).reshape(2, 3), ("dp", "tp"), mesh=rm).shape
@@ -173,31 +122,24 @@ def pmin(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
 
 def pvary(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None,
           async_op: bool = False) -> torch.Tensor | Pending:
-    """Mark ``x``, the same on every member of ``axis``, as entering computation that varies over it.
+    """Mark ``x``, the same on every member of ``axis``, as varying over it.
 
-    The identity forward; backward, the sum of the members' cotangents (:func:`psum`, Megatron's
-    f), which is the gradient of a value every member uses. A typed ``shard_map`` region inserts
-    it where needed; outside a region, write it where a replicated value meets varying values.
+    The identity forward; backward, :func:`psum` of the cotangents (Megatron's f). A typed region inserts
+    it where needed.
 
     Args:
-        x: this member's tensor, invariant over ``axis`` (in a typed region: typed so).
-        axis, mesh, async_op: as for every collective (docs/api.md, "Shared arguments").
+        x: this member's tensor, invariant over ``axis``.
+        axis, mesh, async_op: docs/api.md, "Shared arguments".
 
     Returns:
         ``x``'s values as a new tensor, varying over ``axis``.
 
     Raises:
-        Every collective's errors (docs/api.md, "Shared arguments"), and:
-        VmaError: in a typed region, ``x`` already varies over one of the axes.
+        The shared errors (docs/api.md), and VmaError in a typed region when ``x`` already varies over an axis.
 
     Examples:
-        >>> fm.pvary(torch.ones(3, requires_grad=True), "tp", mesh=rm).shape
+        >>> fm.pvary(torch.ones(3), "tp", mesh=rm).shape
         torch.Size([3])
-        >>> def body(v):
-        ...     print(fm.typeof(fm.pvary(v, "dp")))
-        ...     return v
-        >>> _ = fm.shard_map(body, mesh=rm, in_specs=fm.P("tp"), out_specs=fm.P("tp"))(torch.ones(8))
-        AxisTypes(varying=frozenset({'dp', 'tp'}))
     """
     return dispatch(PVARY, pvary, x, axis, mesh, {"async_op": async_op})
 
@@ -206,51 +148,32 @@ def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
           mesh: RealizedMesh | None = None, async_op: bool = False) -> torch.Tensor | Pending:
     """JAX's ``pcast``: change how ``x`` is typed over ``axis``; no communication.
 
-    ``to="varying"`` is :func:`pvary`. ``to="unreduced"``: a value varying over ``axis`` becomes a
-    *pending sum* over it (JAX's ``unreduced``, DTensor's ``Partial("sum")``), which linear ops keep
-    and :func:`psum` or :func:`psum_scatter` ends, once (docs/shard_map.md, "Pending sums"); forward
-    and backward are the identity, and outside a typed region both casts are.
+    ``to="unreduced"`` makes a varying value a pending sum over ``axis``, which :func:`psum` or
+    :func:`psum_scatter` ends (docs/shard_map.md, "Pending sums"). Outside a typed region, the identity.
 
     Args:
-        x: this member's tensor: invariant over ``axis`` (``to="varying"``) or varying over it
-            (``to="unreduced"``).
-        axis, mesh, async_op: as for every collective (docs/api.md, "Shared arguments").
-        to: the target: ``"varying"`` or ``"unreduced"``.
+        x: this member's tensor.
+        axis, mesh, async_op: docs/api.md, "Shared arguments".
+        to: ``"varying"`` (:func:`pvary`) or ``"unreduced"``.
 
     Returns:
         What :func:`pvary` returns.
 
     Raises:
-        Every collective's errors (docs/api.md, "Shared arguments"), and:
+        The shared errors (docs/api.md), and:
         MeshError: another target.
-        VmaError: in a typed region: ``to="varying"`` of a value that already varies over one
-            of the axes (or is unreduced over it); ``to="unreduced"`` of a value invariant over
-            one of the axes (its members' sum would be ``n`` times it; JAX refuses it too) or
-            already unreduced over it.
+        VmaError: in a typed region, a cast from a type ``x`` does not have (invariant to unreduced
+            included, as in JAX).
 
     Examples:
         >>> fm.pcast(torch.ones(3), ("dp", "tp"), to="varying", mesh=rm).shape
         torch.Size([3])
-        >>> def row_parallel(x, w):  # x: (4, 8/tp), w: (8/tp, 6): each member's product is one term
-        ...     y = fm.pcast(x @ w, "tp", to="unreduced")
-        ...     z = 2 * y.reshape(2, 12)  # still a pending sum: nothing communicated yet
-        ...     print(fm.typeof(z))
-        ...     return fm.psum_scatter(z, "tp", dim=1)  # the sum, this member's block of it
-        >>> f = fm.shard_map(row_parallel, mesh=rm, in_specs=(P(None, "tp"), P("tp")), out_specs=P(None, "tp"))
-        >>> f(torch.ones(4, 8), torch.ones(8, 6)).shape
-        AxisTypes(varying=frozenset(), unreduced=frozenset({'tp'}))
-        torch.Size([2, 12])
     """
     return dispatch(PCAST, pcast, x, axis, mesh, {"to": to, "async_op": async_op})
 
 
 def _jax_axis_keyword(public: Callable[..., Any]) -> Callable[..., Any]:
-    """``public`` (whose second argument is ``axis``), saying what JAX's ``axis=`` keyword is here.
-
-    JAX writes ``all_gather(x, axis_name, axis=0)``; Python would refuse our version of that
-    call with "got multiple values for argument 'axis'". This wrapper names the translation
-    instead (one dict lookup per call).
-    """
+    """``public``, refusing JAX's ``axis=`` keyword (our ``dim=``) with a message that says so."""
 
     @wraps(public)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -269,37 +192,26 @@ def all_gather(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, tile
                op_dtype: torch.dtype | None = None) -> torch.Tensor | Pending:
     """Every member's ``x`` along ``dim``, in mesh order: concatenated (``tiled``) or stacked.
 
-    Four members holding ``[0]``, ``[1]``, ``[2]``, ``[3]`` each get ``[0, 1, 2, 3]``
-    (``tiled=False``: ``[[0], [1], [2], [3]]``). ``tiled=True`` is our default, JAX's is ``False``.
-    ``to="varying"``: the result varies over ``axis`` (its cotangent may differ per member), and
-    backward is :func:`psum_scatter`. ``to="invariant"`` (JAX's ``all_gather_invariant``; its
-    spelling ``"invarying"`` too): every member gets and uses the same value, invariant over
-    ``axis``, and backward keeps this member's block of the cotangent (no communication).
+    Backward: :func:`psum_scatter`; with ``to="invariant"`` (JAX's ``all_gather_invariant``) the result is
+    invariant and backward keeps this member's block of the cotangent.
 
     Args:
-        x: this member's block (every member's of the same shape).
-        axis, mesh, async_op, op_dtype: as for every collective (docs/api.md, "Shared
-            arguments"). JAX's keyword ``axis=`` (the dim) is our ``dim=``.
-        dim: the dim to gather along (tiled: concatenated; untiled: a new dim at ``dim``).
-        tiled: concatenate (``True``) or stack (``False``).
+        x: this member's block (the same shape on every member).
+        axis, mesh, async_op, op_dtype: docs/api.md, "Shared arguments". JAX's ``axis=`` is our ``dim=``.
+        dim: the dim to gather along.
+        tiled: concatenate (``True``, our default; JAX's is ``False``) or stack.
         to: ``"varying"`` or ``"invariant"``.
 
     Returns:
-        A new tensor: ``x`` with ``dim`` ``n`` times longer (tiled), or with a new dim of size ``n``.
+        A new tensor: ``dim`` ``n`` times longer (tiled), or a new dim of size ``n``.
 
     Raises:
-        Every collective's errors (docs/api.md, "Shared arguments"), and:
-        TypeError: ``tiled`` not a bool, or the JAX spelling ``all_gather(x, axis_name, axis=d)``
-            (ours: ``all_gather(x, axis, dim=d)``).
+        The shared errors (docs/api.md), and:
+        TypeError: ``tiled`` not a bool, or JAX's ``all_gather(x, axis_name, axis=d)``.
         MeshError: ``dim`` out of range, or an unknown target.
 
     Examples:
-        >>> x = torch.ones(2, 3)
-        >>> fm.all_gather(x, "tp", mesh=rm).shape
-        torch.Size([8, 3])
-        >>> fm.all_gather(x, ("dp", "tp"), dim=1, tiled=False, mesh=rm).shape
-        torch.Size([2, 8, 3])
-        >>> fm.all_gather(x, "tp", mesh=rm, async_op=True).wait().shape
+        >>> fm.all_gather(torch.ones(2, 3), "tp", mesh=rm).shape
         torch.Size([8, 3])
     """
     return dispatch(ALL_GATHER, all_gather, x, axis, mesh,
@@ -314,32 +226,25 @@ def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, ti
                  op_dtype: torch.dtype | None = None) -> torch.Tensor | Pending:
     """Sum ``x`` over the members of ``axis`` and keep this member's block of ``dim`` (mesh order).
 
-    Four members each holding ``[0, 1, 2, 3]``: member ``i`` gets ``[4 * i]`` (``tiled=False``:
-    ``dim`` must have size ``n`` and is dropped, giving ``4 * i``). The transpose of
-    :func:`all_gather`: backward gathers the cotangents. The result varies over ``axis``.
+    The transpose of :func:`all_gather`. Untiled, ``dim`` has size ``n`` and is dropped.
 
     Args:
-        x: this member's tensor; ``x.shape[dim]`` divisible by the members' count (untiled: equal).
-        axis, mesh, async_op, op_dtype: as for every collective (docs/api.md, "Shared arguments").
+        x: this member's tensor; ``x.shape[dim]`` divisible by ``n`` (untiled: equal to it).
+        axis, mesh, async_op, op_dtype: docs/api.md, "Shared arguments".
         dim: the dim to scatter (JAX's ``scatter_dimension``).
-        tiled: keep a block of ``dim`` (``True``, our default; JAX's is ``False``) or drop ``dim``.
+        tiled: keep a block of ``dim`` (``True``, our default; JAX's is ``False``) or drop it.
 
     Returns:
-        A new tensor: ``x`` with ``dim`` ``n`` times shorter, or without ``dim`` (untiled).
+        A new tensor, varying over ``axis``: ``dim`` ``n`` times shorter, or without it.
 
     Raises:
-        Every collective's errors (docs/api.md, "Shared arguments"), and:
+        The shared errors (docs/api.md), and:
         TypeError: ``tiled`` not a bool.
         MeshError: ``dim`` out of range or not divisible.
 
     Examples:
         >>> fm.psum_scatter(torch.ones(8, 3), "tp", mesh=rm).shape
         torch.Size([2, 3])
-        >>> fm.psum_scatter(torch.ones(3, 8), ("dp", "tp"), dim=1, tiled=False, mesh=rm).shape
-        torch.Size([3])
-        >>> grads = torch.ones(8, 3, dtype=torch.bfloat16)  # reduced in float32, one rounding to bfloat16
-        >>> fm.psum_scatter(grads, "tp", mesh=rm, op_dtype=torch.float32, async_op=True).wait().dtype
-        torch.bfloat16
     """
     return dispatch(PSUM_SCATTER, psum_scatter, x, axis, mesh,
                      {"dim": dim, "tiled": tiled, "async_op": async_op, "op_dtype": op_dtype})
@@ -349,32 +254,26 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
                tiled: bool = True, mesh: RealizedMesh | None = None, async_op: bool = False) -> torch.Tensor | Pending:
     """Send block ``j`` of ``split_dim`` to member ``j``; concatenate what arrives along ``concat_dim``.
 
-    Arrivals stand in mesh order. Two members holding ``[a0, a1]`` and ``[b0, b1]`` (split and
-    concat dim 0) get ``[a0, b0]`` and ``[a1, b1]``. Untiled (JAX's default): ``split_dim`` has
-    size ``n`` and is removed, and a new ``concat_dim`` of size ``n`` stacks the arrivals. Backward
-    is the inverse exchange; the result varies over ``axis``. A tuple of axes uses its product
-    group when realized, else one exchange per axis, with the same result.
+    Untiled (JAX's default), ``split_dim`` has size ``n`` and is removed and ``concat_dim`` is new.
 
     Args:
-        x: this member's tensor; ``x.shape[split_dim]`` divisible by the members' count.
-        axis, mesh, async_op: as for every collective (docs/api.md, "Shared arguments").
-        split_dim: the dim cut into one block per member (JAX's ``split_axis``).
-        concat_dim: the dim the arrivals are laid along (JAX's ``concat_axis``).
-        tiled: ``True`` (our default) or ``False`` (JAX's).
+        x: this member's tensor; ``x.shape[split_dim]`` divisible by ``n``.
+        axis, mesh, async_op: docs/api.md, "Shared arguments".
+        split_dim: JAX's ``split_axis``.
+        concat_dim: JAX's ``concat_axis``.
+        tiled: ``True`` (our default) or ``False``.
 
     Returns:
         A new tensor: ``split_dim`` ``n`` times shorter and ``concat_dim`` ``n`` times longer.
 
     Raises:
-        Every collective's errors (docs/api.md, "Shared arguments"), and:
+        The shared errors (docs/api.md), and:
         TypeError: ``tiled`` not a bool.
         MeshError: a dim out of range, ``split_dim`` not divisible.
 
     Examples:
         >>> fm.all_to_all(torch.ones(8, 6), "tp", 0, 1, mesh=rm).shape
         torch.Size([2, 24])
-        >>> fm.all_to_all(torch.ones(4, 6), "tp", 0, 1, tiled=False, mesh=rm).shape
-        torch.Size([6, 4])
     """
     return dispatch(ALL_TO_ALL, all_to_all, x, axis, mesh,
                      {"split_dim": split_dim, "concat_dim": concat_dim, "tiled": tiled, "async_op": async_op})
@@ -382,30 +281,24 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
 
 def ragged_all_to_all(x: torch.Tensor, axis: str | Sequence[str], send_sizes: Any, recv_sizes: Any = None, *,
                       mesh: RealizedMesh | None = None, async_op: bool = False) -> torch.Tensor | Pending:
-    """Send rows of ``x`` (dim 0) by split sizes: ``send_sizes[j]`` rows to member ``j``, in order.
+    """Send ``send_sizes[j]`` rows of ``x`` (dim 0, in order) to member ``j``.
 
-    The first ``send_sizes[0]`` rows go to member 0, the next ``send_sizes[1]`` to member 1, and
-    so on (member order: mesh order, a tuple first name major). The result holds the rows
-    received, grouped by source member in member order. Backward is the same exchange with the
-    sizes swapped; the result varies over ``axis``. A tuple of axes needs its product group.
+    The result holds the rows received, grouped by source in member order.
 
     Args:
-        x: this member's rows (at least one dim).
-        axis, mesh, async_op: as for every collective (docs/api.md, "Shared arguments"); a tuple of
-            names needs its product group realized.
-        send_sizes: a sequence of ints or a 1-D integer tensor, one size per member, summing to
-            ``x.shape[0]``.
-        recv_sizes: the same for what arrives; ``None``: the members exchange their counts first
-            (one small all-to-all; eagerly only, under torch.compile pass them as Python ints).
+        x: this member's rows.
+        axis, mesh, async_op: docs/api.md, "Shared arguments". A tuple needs its product group.
+        send_sizes: ints or a 1-D integer tensor, one per member, summing to ``x.shape[0]``.
+        recv_sizes: the same for what arrives; ``None``: exchanged first (eagerly only).
 
     Returns:
         A new tensor of ``sum(recv_sizes)`` rows.
 
     Raises:
-        Every collective's errors (docs/api.md, "Shared arguments"), and:
+        The shared errors (docs/api.md), and:
         TypeError: sizes not ints.
-        MeshError: sizes of the wrong length, negative or not summing to ``x``'s rows, tensor sizes
-            or ``recv_sizes=None`` under torch.compile, a tuple without its product group.
+        MeshError: sizes of the wrong length, negative or not summing to ``x``'s rows; tensor sizes or
+            ``recv_sizes=None`` under torch.compile; a tuple without its product group.
 
     Examples:
         >>> fm.ragged_all_to_all(torch.ones(5, 3), "tp", [1, 2, 0, 2], [2, 0, 1, 1], mesh=rm).shape
@@ -419,26 +312,20 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
              mesh: RealizedMesh | None = None, async_op: bool = False) -> torch.Tensor | Pending:
     """Send ``x`` from member ``s`` to member ``d`` for each pair ``(s, d)`` of ``perm``.
 
-    Members are axis indices (:func:`axis_index`). A member that receives nothing gets zeros:
-    with ``perm=[(0, 1)]`` on two members holding ``a`` and ``b``, member 0 gets zeros and member
-    1 gets ``a``. Backward sends the cotangents along the inverse pairs; the result varies over
-    ``axis``. Every member must call it (and run its backward), also one that sends or receives
-    nothing.
+    A member that receives nothing gets zeros. Every member must call it, also one outside ``perm``.
 
     Args:
         x: this member's tensor.
-        axis, mesh, async_op: as for every collective (docs/api.md, "Shared arguments").
-        perm: ``(source, destination)`` pairs of axis indices, each index at most once as a source
-            and once as a destination.
+        axis, mesh, async_op: docs/api.md, "Shared arguments".
+        perm: ``(source, destination)`` pairs of axis indices, each index at most once per side.
 
     Returns:
         A new tensor of ``x``'s shape.
 
     Raises:
-        Every collective's errors (docs/api.md, "Shared arguments"), and:
+        The shared errors (docs/api.md), and:
         TypeError: ``perm`` not pairs.
-        MeshError: an index out of range or used twice, a tuple without its product group under
-            torch.compile.
+        MeshError: an index out of range or repeated, a tuple without its product group under torch.compile.
 
     Examples:
         >>> fm.ppermute(torch.ones(2, 3), "tp", [(i, (i + 1) % 4) for i in range(4)], mesh=rm).shape
@@ -448,18 +335,16 @@ def ppermute(x: torch.Tensor, axis: str | Sequence[str], perm: Sequence[tuple[in
 
 
 def axis_index(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> int:
-    """This rank's index along ``axis`` (a tuple: row-major, first name major). No communication.
-
-    Inside a ``shard_map`` region it is a 0-d int32 tensor that varies over ``axis``, as in JAX.
+    """This rank's index along ``axis`` (a tuple: first name major). No communication.
 
     Args:
-        axis, mesh: as for every collective (docs/api.md, "Shared arguments").
+        axis, mesh: docs/api.md, "Shared arguments".
 
     Returns:
-        An int in ``0 .. axis_size(axis) - 1`` (in a region: a 0-d int32 tensor).
+        An int in ``0 .. axis_size(axis) - 1`` (in a region: a varying 0-d int32 tensor, as in JAX).
 
     Raises:
-        Every collective's errors (docs/api.md, "Shared arguments").
+        The shared errors (docs/api.md).
 
     Examples:
         >>> fm.axis_index("dp", mesh=rm), fm.axis_index(("dp", "tp"), mesh=rm), fm.axis_index(("tp", "dp"), mesh=rm)
@@ -469,25 +354,20 @@ def axis_index(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -
 
 
 def axis_size(axis: str | Sequence[str], *, mesh: RealizedMesh | None = None) -> int:
-    """The size of ``axis`` (a tuple: the product of the sizes). No communication.
-
-    JAX's idiom ``psum(1, axis_name)`` for this is ``fm.axis_size(axis)`` here.
+    """The size of ``axis`` (a tuple: the product). No communication; JAX's ``psum(1, axis_name)``.
 
     Args:
-        axis, mesh: as for every collective (docs/api.md, "Shared arguments").
+        axis, mesh: docs/api.md, "Shared arguments".
 
     Returns:
         A Python int.
 
     Raises:
-        Every collective's errors (docs/api.md, "Shared arguments").
+        The shared errors (docs/api.md).
 
     Examples:
-        >>> fm.axis_size("tp", mesh=rm), fm.axis_size(("dp", "tp"), mesh=rm)
-        (4, 8)
-        >>> with rm:
-        ...     fm.axis_size("dp")
-        2
+        >>> fm.axis_size(("dp", "tp"), mesh=rm)
+        8
     """
     return dispatch(AXIS_SIZE, axis_size, None, axis, mesh, {})
 
