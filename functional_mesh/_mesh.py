@@ -1,29 +1,13 @@
-"""The immutable ``Mesh`` value: named axes over layouts and a device list.
+"""The immutable ``Mesh`` value: named axes, each a canonical layout into a device list.
 
-A mesh of ``k`` named axes lives on a device list of ``N`` global ranks. Each axis is a
-canonical :class:`~functional_mesh.layout.Layout` into ``[0, N)``; together the axes form a
-block of ``size`` indices, and the complement of that block enumerates the *groups*: one
-submesh per translate. Rank order inside a group is row-major over the axes in the mesh's
-order, exactly as in torch's ``DeviceMesh``.
-
-``Mesh`` is one value: its fields (names, layouts, device list, and the family its axes leave,
-which they determine), their invariants (distinct names; axes that tile the devices), equality,
-hashing, pickling and every public method. The work is done by pure functions over those parts,
-in three modules that know no ``Mesh``: the values of its shape (``_mesh_shape``), its
-transformations (``_mesh_transforms``: selections and reshapes, in O(ndim) from the layouts
-alone) and its groups (``_mesh_groups``: where the ranks are). Each method is one call of one of
-them; a transformation's new names and layouts become a mesh on the same device list here.
+The complement of the axes' block enumerates the *groups*, one submesh per translate; inside a group,
+ranks are row-major over the axes in mesh order, as in torch's ``DeviceMesh``. The work is done by
+pure functions that know no ``Mesh``: ``_mesh_shape``, ``_mesh_transforms`` and ``_mesh_groups``.
 
 Examples:
     >>> mesh = make_mesh((2, 4), ("dp", "tp"))
-    >>> mesh
-    Mesh(dp=2, tp=4)
-    >>> mesh["tp"].groups().tolist()
-    [[0, 1, 2, 3], [4, 5, 6, 7]]
     >>> mesh["tp", "dp"].groups().tolist()          # any order, unlike torch
     [[[0, 4], [1, 5], [2, 6], [3, 7]]]
-    >>> mesh.coordinate(6)
-    (1, 2)
 """
 
 from __future__ import annotations
@@ -52,11 +36,7 @@ class Mesh:
     """Named axes over canonical layouts on a device list; immutable, hashable, picklable.
 
     Build meshes with :func:`make_mesh`, :meth:`Mesh.from_ranks` or
-    :func:`~functional_mesh.mesh_from_order`; the constructor takes the raw parts and validates
-    them. Equal meshes (same names, canonical layouts and device list, however derived) hash
-    equal; hashing and comparing are O(ndim). A frozen attrs class whose constructor, equality
-    and hash are its own: ``attrs.evolve(mesh, axis_names=...)`` re-validates, while the
-    transformations build new meshes through ``_derive`` without the constructor's checks.
+    :func:`~functional_mesh.mesh_from_order`; equal parts, however derived, hash equal (O(ndim)).
 
     Args:
         axis_names: distinct non-empty names, one per axis.
@@ -71,8 +51,6 @@ class Mesh:
 
     Examples:
         >>> from functional_mesh import Layout
-        >>> Mesh(("dp", "tp"), (Layout(2, 1), Layout(4, 2)), 8)    # dp fastest
-        Mesh(dp=2, tp=4)
         >>> Mesh(("dp", "tp"), (Layout(2, 1), Layout(4, 2)), 8).ranks.tolist()
         [[0, 2, 4, 6], [1, 3, 5, 7]]
     """
@@ -99,11 +77,7 @@ class Mesh:
 
     def _init(self, names: tuple[str, ...], layouts: tuple[L.Layout, ...], devices: DeviceList,
               comp: L.Modes | None = None, api: str = "Mesh") -> None:
-        """Check the invariants (distinct names; axes that tile the devices) and set the fields.
-
-        ``comp`` is the complement when the caller's transformation provably keeps the set of
-        covered indices (flatten, unflatten, transpose, rename; the laws test this).
-        """
+        """Check the invariants and set the fields; ``comp``: a complement known unchanged."""
         check_unique(api, names, "resulting axis names" if api != "Mesh" else "axis_names")
         if comp is None:
             try:
@@ -120,11 +94,7 @@ class Mesh:
         object.__setattr__(self, "_hash", None)
 
     def _derive(self, api: str, names: tuple[str, ...], layouts: tuple[L.Layout, ...], same_cover: bool) -> Mesh:
-        """A mesh on the same device list; its invariants are checked, the parts are known types.
-
-        ``same_cover``: the new axes cover the same indices as this mesh's, so the complement
-        (the family of groups) is unchanged and reused.
-        """
+        """A mesh on the same device list; ``same_cover``: reuse this mesh's complement."""
         new = object.__new__(Mesh)
         new._init(names, layouts, self._devices, self._complement if same_cover else None, api)
         return new
@@ -245,10 +215,7 @@ class Mesh:
             return self._layouts[as_axis_index("Mesh.axis_size", self._axis_names, name, self)].size
 
     def axis_layout(self, name: str) -> L.Layout:
-        """The canonical layout of one axis: where its members sit in the device list.
-
-        Equal layouts mean equal groups, however the meshes were derived, so this is the key
-        under which ``realize`` caches an axis's process groups.
+        """The canonical layout of one axis: where its members sit in the device list (``realize``'s cache key).
 
         Args:
             name: an axis name.
@@ -271,9 +238,7 @@ class Mesh:
     def __getitem__(self, names: str | Sequence[str]) -> Mesh:
         """Select axes, in the given order: ``mesh["tp"]``, ``mesh["tp", "dp"]``.
 
-        The result keeps each axis's layout. When it covers fewer ranks than the device list it is
-        a *family*: one group per value of the axes left out. Any order is legal (torch's
-        ``DeviceMesh`` refuses an order other than the mesh's).
+        A selection that leaves axes out is a *family*: one group per value of those axes.
 
         Args:
             names: one axis name, or a tuple or list of distinct names.
@@ -287,11 +252,8 @@ class Mesh:
             TypeError: a position instead of a name (the message says which name to write).
 
         Examples:
-            >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
-            >>> mesh["tp"]
+            >>> fm.make_mesh((2, 4), ("dp", "tp"))["tp"]
             Mesh(tp=4; 2 groups over devices 0..7)
-            >>> mesh["tp", "dp"].groups().tolist()
-            [[[0, 4], [1, 5], [2, 6], [3, 7]]]
         """
         return select(self, names, "Mesh[...]")
 
@@ -319,10 +281,8 @@ class Mesh:
     def take(self, /, **positions: int | slice | Sequence[int]) -> Mesh:
         """Keep some positions along axes, as numpy indexing of the mesh's grid of ranks does.
 
-        An int (negative counts from the end) keeps one position and removes its axis; a slice or
-        a sequence of distinct ints keeps the axis, with those positions in that order. Axes not
-        named stay whole; over a family every group is indexed alike. The result lives on a device
-        list of the ranks it keeps: a range, in O(ndim), when they form one; otherwise the ranks.
+        An int removes its axis; a slice or distinct ints keep it. Over a family every group is
+        indexed alike.
 
         Args:
             **positions: ``axis=index`` per axis to index: an int, a slice, or ints.
@@ -338,11 +298,8 @@ class Mesh:
             TypeError: an index that is not an int, a slice or a sequence of ints.
 
         Examples:
-            >>> mesh = fm.make_mesh((4, 2), ("pp", "tp"))
-            >>> mesh.take(pp=[0, -1]).ranks.tolist()           # the first and last stage
+            >>> fm.make_mesh((4, 2), ("pp", "tp")).take(pp=[0, -1]).ranks.tolist()   # first and last stage
             [[0, 1], [6, 7]]
-            >>> mesh.take(pp=2), mesh.take(pp=slice(1, 3))["tp"].groups().tolist()
-            (Mesh(tp=2; devices 4..5), [[2, 3], [4, 5]])
         """
         names, layouts, devices = T.take(self._axis_names, self._layouts, self._devices, self._complement, positions,
                                          self)
@@ -353,8 +310,7 @@ class Mesh:
     def flatten(self, axes: str | Sequence[str] | None = None, name: str | None = None) -> Mesh:
         """Merge axes into one, row-major in the listed order.
 
-        The merged axis takes the place of the first listed axis among the remaining ones. Any
-        axes may be merged, adjacent or not, in any order.
+        The merged axis stands where the first listed one stood; the axes need not be adjacent.
 
         Args:
             axes: the axes to merge (default: all), one name or a tuple of distinct names.
@@ -369,10 +325,7 @@ class Mesh:
             TypeError: a ``name`` that is not a str.
 
         Examples:
-            >>> m = fm.make_mesh((2, 2, 2), ("a", "b", "c"))
-            >>> m.flatten(("c", "a"))
-            Mesh(b=2, c_a=4)
-            >>> m.flatten(("a", "c"))["a_c"].groups().tolist()
+            >>> fm.make_mesh((2, 2, 2), ("a", "b", "c")).flatten(("a", "c"))["a_c"].groups().tolist()
             [[0, 1, 4, 5], [2, 3, 6, 7]]
         """
         names, layouts = T.flatten(self._axis_names, self._layouts, axes, name, self)
@@ -381,9 +334,8 @@ class Mesh:
     def unflatten(self, axis: str, sizes: Mapping[str, int] | Sequence[tuple[str, int]]) -> Mesh:
         """Split one axis into new axes, row-major, in its place.
 
-        The sizes must multiply to the axis size and split it along its canonical modes: a
-        non-contiguous ``(2,3):(6,1)`` axis splits as ``(2, 3)`` or ``(6,)``, not ``(3, 2)``. The new
-        names may reuse the old one.
+        The sizes must split the axis along its canonical modes: ``(2,3):(6,1)`` splits as ``(2, 3)``,
+        not ``(3, 2)``.
 
         Args:
             axis: the axis to split.
@@ -451,8 +403,7 @@ class Mesh:
     def groups(self) -> np.ndarray:
         """Every group's global ranks.
 
-        Groups come in torch's order (increasing first position in the device list); inside a
-        group, ranks are row-major over the axes in mesh order.
+        Groups come in torch's order (by first position in the device list).
 
         Returns:
             An int64 array of shape ``(num_groups, *axis_sizes)``.
@@ -464,9 +415,7 @@ class Mesh:
         return G.groups(self._layouts, self._devices)
 
     def coordinate(self, rank: int) -> tuple[int, ...] | None:
-        """A rank's coordinate in its group, in mesh order.
-
-        O(ndim) for a symbolic device list: each axis reads its own digits of the rank's position.
+        """A rank's coordinate in its group, in mesh order (O(ndim) for a symbolic device list).
 
         Args:
             rank: a global rank.
@@ -508,8 +457,6 @@ class Mesh:
     def host_span(self, ranks_per_host: int) -> dict[str, str]:
         """Where each axis's groups sit when hosts hold ``ranks_per_host`` consecutive ranks.
 
-        The host of rank ``r`` is ``r // ranks_per_host`` (torchrun's numbering). O(devices).
-
         Args:
             ranks_per_host: ranks per host, a positive int.
 
@@ -522,8 +469,6 @@ class Mesh:
             TypeError: ``ranks_per_host`` that is not an int.
 
         Examples:
-            >>> fm.make_mesh((2, 2, 4), ("dp", "cp", "tp")).host_span(ranks_per_host=8)
-            {'dp': 'cross-host', 'cp': 'intra-host', 'tp': 'intra-host'}
             >>> fm.make_mesh((4, 4), ("dp", "tp")).flatten(("dp", "tp")).host_span(8)
             {'dp_tp': 'mixed'}
         """
@@ -536,10 +481,7 @@ class Mesh:
 
 
 def axis_position(mesh: Mesh, name: object, api: str = "Mesh.axis_size") -> int:
-    """Position of axis ``name`` in ``mesh``, for the error of the public call ``api``.
-
-    A non-str name is a ``TypeError``; an unknown one an ``UnknownAxisError`` with "did you mean".
-    """
+    """Position of axis ``name`` in ``mesh``; errors name the public call ``api``."""
     try:  # the common case, unchecked; anything else raises below with the house message
         return mesh._axis_names.index(name)
     except ValueError:
@@ -568,9 +510,7 @@ def make_mesh(axis_sizes: Sequence[int], axis_names: str | Sequence[str], *, dev
     Args:
         axis_sizes: positive ints, outermost first.
         axis_names: distinct names, one per size.
-        devices: global ranks, flat, one per position: any iterable, numpy array or tensor of
-            distinct non-negative ints (default: the symbolic ``0..N-1``). A range stays symbolic;
-            the list is stored once and shared by every derived mesh.
+        devices: distinct non-negative global ranks, one per position (default: the symbolic ``0..N-1``).
 
     Returns:
         The mesh; one group when ``devices`` has one rank per position.
@@ -581,15 +521,8 @@ def make_mesh(axis_sizes: Sequence[int], axis_names: str | Sequence[str], *, dev
         TypeError: sizes, names or devices of the wrong type.
 
     Examples:
-        >>> make_mesh((2, 2, 2), ("dp", "cp", "tp")).shape
-        {'dp': 2, 'cp': 2, 'tp': 2}
         >>> make_mesh((2, 4), ("dp", "tp"), devices=range(8, 16))["dp"].groups().tolist()
         [[8, 12], [9, 13], [10, 14], [11, 15]]
-        >>> make_mesh((2, 4), ("dp", "dp"))
-        Traceback (most recent call last):
-        ...
-        functional_mesh.MeshError: `make_mesh` requires distinct axis names, but got axis_names=('dp', 'dp');
-        'dp' appears twice
     """
     api = "make_mesh"
     if isinstance(axis_sizes, (str, bytes, Mapping, AbstractSet)) or not isinstance(axis_sizes, Iterable):
