@@ -5,25 +5,8 @@ in the mixed radix of ``shape`` (row-major: the *last* mode varies fastest, torc
 convention, unlike CuTe's column-major one) and take the dot product of those digits with
 ``stride``. ``Layout((2, 3), (6, 1))`` maps ``0..5`` to ``0, 1, 2, 6, 7, 8``.
 
-Layouts are kept in canonical form: size-1 modes dropped and adjacent modes merged where
-``outer.stride == inner.shape * inner.stride``. So equal functions have equal values and
-equal hashes (for the layouts this library builds: every mode's stride divides the next
-larger one's, which is what makes the canonical form unique).
-
-Every function here is pure and O(number of modes), except the enumerations, which build
-exactly the array they return and nothing larger.
-
-Examples:
-    >>> a = Layout((2, 2, 3), (6, 3, 1))          # row-major over (2, 2, 3)
-    >>> a                                         # coalesced: one mode of 12
-    Layout(12:1)
-    >>> b = Layout((2, 3), (6, 1))                # a flattened non-adjacent pair
-    >>> indices(b).tolist()
-    [0, 1, 2, 6, 7, 8]
-    >>> complement(b, 12)                         # the translates that tile [0, 12)
-    Layout(2:3)
-    >>> groups(b, 12).tolist()
-    [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]]
+Layouts are kept canonical (see :func:`coalesce`), so equal functions are equal values. Every
+function is O(number of modes), except the enumerations, which build only the array they return.
 """
 
 from __future__ import annotations
@@ -78,16 +61,11 @@ def canonical_modes(modes: Iterable[tuple[int, int]]) -> Modes:
 class Layout(Frozen):
     """A flat layout ``shape:stride`` in canonical (coalesced) form; immutable, hashable.
 
-    Calling a layout on a flat coordinate gives its index (row-major digits of ``shape``, dotted
-    with ``stride``). Equality and hash are those of the canonical modes, so two layouts with the
-    same function are equal. A plain ``__slots__`` value (see
-    :class:`~functional_mesh._validate.Frozen`): every transformation builds layouts on its hot
-    path through :func:`canonical_layout`, without the constructor's checks.
+    Calling a layout on a flat coordinate gives its index; layouts with the same function are equal.
 
     Args:
-        shape: the extent of each mode, outermost first; positive ints (one int for one mode).
-        stride: the index step of each mode; non-negative ints. Defaults to row-major
-            (compact) strides over ``shape``.
+        shape: positive mode sizes, outermost first (one int for one mode).
+        stride: non-negative steps, one per mode (default: row-major over ``shape``).
 
     Raises:
         MeshError: a mode size below 1, a negative stride, or a stride count unlike the shape's.
@@ -268,7 +246,6 @@ def coalesce(shape: Sequence[int], stride: Sequence[int]) -> Layout:
     """The canonical layout with the same function as ``shape:stride``.
 
     Size-1 modes are dropped and a mode that continues the next inner one is merged into it.
-    Law: ``indices(coalesce(s, d))`` equals the row-major enumeration of ``s:d``.
 
     Args:
         shape: positive mode sizes, outermost first.
@@ -290,8 +267,7 @@ def coalesce(shape: Sequence[int], stride: Sequence[int]) -> Layout:
 def concat(*layouts: Layout) -> Layout:
     """The layout whose modes are those of ``layouts`` in order (outermost first).
 
-    Law: coordinate ``(i_1, ..., i_k)`` (row-major over the sizes) maps to
-    ``layouts[0](i_1) + ... + layouts[k-1](i_k)``. This is how several axes flatten into one.
+    How several axes flatten into one: ``(i_1, ..., i_k)`` maps to ``layouts[0](i_1) + ...``.
 
     Args:
         *layouts: layouts, outermost first.
@@ -300,8 +276,6 @@ def concat(*layouts: Layout) -> Layout:
         The canonical layout of their modes together.
 
     Examples:
-        >>> concat(Layout(2, 4), Layout(2, 1))              # axes dp (2:4) and tp (2:1) flattened
-        Layout((2,2):(4,1))
         >>> concat(Layout(2, 4), Layout(4, 1))              # contiguous: one mode
         Layout(8:1)
     """
@@ -450,10 +424,6 @@ def compose_mode(outer: Layout, shape: int, stride: int, shown: object = None) -
 def is_injective(layout: Layout) -> bool:
     """True when no two coordinates of ``layout`` map to the same index.
 
-    Sorted by stride, modes that each start at or past the span below them are injective
-    (the fast path, O(modes)); otherwise the answer comes from enumerating the layout's own
-    ``size`` indices.
-
     Args:
         layout: a layout.
 
@@ -474,8 +444,6 @@ def is_injective(layout: Layout) -> bool:
 
 def indices(layout: Layout) -> np.ndarray:
     """The indices of ``layout`` for coordinates ``0..size-1``, as an int64 array.
-
-    Builds the answer mode by mode; no intermediate array is larger than the result.
 
     Args:
         layout: a layout.
