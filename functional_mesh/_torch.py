@@ -2,59 +2,9 @@
 
 Everything the library hands to torch or reads back from it as a torch object passes here:
 DTensor placements (to and from our placement plan), a ``DeviceMesh`` over groups realize made,
-the layout of an existing ``DeviceMesh``. The private torch names used here, checked on torch
-2.13.0 (`make test`), 2.11.0 and 2.14.1 (`make compat`, in CI) and 2.12.1; the suite ran once on
-2.15.0. Where releases differ, the difference is detected (a signature, an attribute, a probe),
-never read from the version:
-
-- ``torch.distributed.tensor.placement_types._StridedShard(dim, split_factor=)``;
-- ``DeviceMesh._layout`` (per-dim ``shape``/``stride``) and ``DeviceMesh._rank_map``, the CuTe
-  layout of a torch mesh (torch >= 2.10);
-- ``DeviceMesh.from_group(groups, device_type, mesh=, mesh_dim_names=)`` (public, but its
-  multi-group form is what FSDP2 + TP rely on);
-- ``ProcessGroup._set_group_desc(desc)``, to name every axis a shared group serves;
-- ``DeviceMesh._flatten_mapping``, ``_pg_registry``, ``_dim_group_names``, ``_layout.collapse()``,
-  ``_MeshLayout`` and ``DeviceMesh(_layout=, _rank_map=, _root_mesh=, _init_backend=False)``, to
-  hand torch the product groups realize made when it flattens a mesh itself, and to put them
-  under a framework's own names (:func:`rename_flattened`, for ``integrations/accelerate``);
-- ``distributed_c10d._get_default_group()`` and ``_get_default_store()``;
-- ``distributed_c10d._new_process_group_helper(...)`` (the same signature on 2.13.0, 2.14.1 and
-  2.15.0) and ``_world.pg_group_ranks``, to make the group lent to torch for size-1 axes
-  (:func:`one_rank_group`; docs/design.md, "Size-1 axes") without advancing torch's group counter; the fake backend
-  is registered by importing ``torch.testing._internal.distributed.fake_pg`` (torch's own FSDP
-  module imports it too); ``ProcessGroup._get_backend(device).supports_splitting``;
-- ``ProcessGroup._get_backend(device).options._timeout`` (:func:`group_timeout`), the NCCL
-  backend's ``_group_start``/``_group_end`` (feature-detected) and
-  ``distributed_c10d._cleanup_process_group_global_state`` (:func:`abort_groups`);
-- ``torch._ops.OpOverload``/``OpOverloadPacket`` (``namespace``, ``name()``, ``_qualified_op_name``),
-  to tell custom ops from aten ops;
-- ``torch.utils._pytree`` (re-exported here as ``pytree``) for argument trees, and its
-  ``_broadcast_to_and_flatten`` (:func:`broadcast_prefix`), a spec tree laid over a value tree;
-- ``torch._guards.TracingContext.try_get()``, to tell one trace from the next (:func:`trace_id`);
-- ``DTensor._local_tensor`` (:func:`local_tensor`), a region's argument that needs no gradient;
-  ``DTensor._spec``, ``DTensorSpec(mesh, placements, tensor_meta=TensorMeta(shape, stride, dtype))``
-  and ``DTensor(local, spec, requires_grad=)`` (:func:`dtensor_spec`, :func:`spec_of`,
-  :func:`wrap_local`: what ``to_local``'s backward and ``from_local`` build, without re-deriving the spec);
-- ``distributed_c10d._world.pg_map`` (:func:`known_groups`), so ``clear_cache`` skips groups torch destroyed;
-- ``ProcessGroup.allreduce(tensors, AllreduceOptions)``, ``alltoall_base``, ``_allgather_base``
-  and ``_reduce_scatter_base(out, x, ReduceScatterOptions)`` eagerly (what ``dist.all_reduce``,
-  ``all_to_all_single``, ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` call after their
-  checks), the reduction a parameter (:data:`REDUCE_OPS`);
-- ``torch.ops._c10d_functional`` (``all_reduce``, ``all_gather_into_tensor``,
-  ``reduce_scatter_tensor``, ``all_to_all_single``, ``wait_tensor``): the collectives, by group name;
-  the ``Work`` that the group's methods return, waited for later with ``async_op=True``
-  (:func:`wait`), and ``torch._C.DisableTorchFunction`` (:func:`no_torch_function`), under
-  which a pending result's ``wait()`` finishes its collective as the call itself would have;
-- ``torch._C._is_torch_function_mode_enabled()``, to let a ``shard_map`` region see the
-  collectives (eagerly for those without a tensor operand, ``axis_index`` and ``axis_size``;
-  under torch.compile for all, where ``has_torch_function`` sees tensor subclasses only);
-- ``torch._dynamo.exc.UserError`` (``UserErrorType.INVALID_INPUT``), which dynamo re-raises
-  unchanged from a trace: the base of the errors a compiled shard_map raises while tracing
-  (:func:`trace_time_error`, raised by :func:`raise_while_tracing`).
-- ``torch.compile`` of a miniature region inside a trace (:func:`region_trace_failure`, the feature
-  probe behind compiled regions) and ``torch._dynamo.utils.get_chromium_event_logger()``'s
-  ``get_stack``/``get_pt2_compile_substack`` (feature-detected), whose events that nested compile
-  would otherwise end for the trace around it, and ``torch._dynamo.utils.counters``, put back after it.
+the layout of an existing ``DeviceMesh``. The private torch APIs it reads, and the releases they
+are checked on, are listed in docs/design.md, "The private torch APIs we read"; where releases
+differ, the difference is detected (a signature, an attribute, a probe), never read from the version.
 
 Creates no process group but two kinds, for ``_cache`` only (:func:`one_rank_group`,
 :func:`group_in_order`). The pure layers reach this module only lazily (``NamedSharding.placements``) so that planning a mesh needs no torch.
