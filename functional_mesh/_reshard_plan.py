@@ -189,9 +189,8 @@ class _Cache(TypedDict, total=False):
 class ReshardPlan(Frozen):
     """Who sends which block to whom, in which stage, to turn sharding ``src`` into ``dst``; from :func:`plan_reshard`.
 
-    A frozen value; one rank's answers (:meth:`receives`, :meth:`sends`) are computed on demand from
-    the two layouts, in time that does not grow with the world. :attr:`moves` (every move) and
-    :attr:`max_send_bytes` list the plan once and keep it.
+    One rank's answers (:meth:`receives`, :meth:`sends`) are computed on demand, in time that does not
+    grow with the world; :attr:`moves` and :attr:`max_send_bytes` list the plan once and keep it.
 
     Args:
         src: the source ``NamedSharding`` (kept as ``plan.src``).
@@ -208,8 +207,6 @@ class ReshardPlan(Frozen):
         >>> src = fm.NamedSharding(fm.make_mesh((2, 2), ("dp", "tp")), fm.P(None, "tp"))
         >>> dst = fm.NamedSharding(fm.make_mesh((4,), ("tp",), devices=range(4, 8)), fm.P(None, "tp"))
         >>> plan = fm.plan_reshard(src, dst, (8, 8), "float32")
-        >>> plan.receives(6)          # columns 4:6 from the second replica of the tp=1 piece
-        (Move(3 -> 6, [0:8, 4:6], stage 0, 64 bytes),)
         >>> plan.sends(0), plan.sends(2)  # the replicas of the tp=0 piece share its two receivers
         ((Move(0 -> 4, [0:8, 0:2], stage 0, 64 bytes),), (Move(2 -> 5, [0:8, 2:4], stage 0, 64 bytes),))
     """
@@ -649,11 +646,7 @@ def plan_reshard(src: NamedSharding, dst: NamedSharding, shape: Sequence[int], d
                  relays: bool = True) -> ReshardPlan:
     """The plan that turns a tensor sharded as ``src`` into one sharded as ``dst``, on any two meshes.
 
-    Pure: no torch, no communication. The meshes may be disjoint, overlap, or be the same devices in
-    another order. Uneven dims follow the ``torch.chunk`` rule of :class:`~functional_mesh.NamedSharding`
-    (nested for a tuple of axes). Source replicas share the sending; with ``relays`` the destination
-    replicas forward each piece in a doubling tree, so the source sends each byte once per distinct
-    destination block.
+    Pure: no torch, no communication; how the moves are chosen is the module docstring's.
 
     Args:
         src: the source sharding (on a mesh of one group; nothing unreduced).
@@ -678,8 +671,6 @@ def plan_reshard(src: NamedSharding, dst: NamedSharding, shape: Sequence[int], d
         ...                        (4, 4), "float32")
         >>> plan.receives(1)          # rows 2:4; rank 1 holds none of them
         (Move(2 -> 1, [2:4, 0:2], stage 0, 16 bytes), Move(3 -> 1, [2:4, 2:4], stage 0, 16 bytes))
-        >>> plan.bytes_moved, plan.stages
-        (96, 2)
         >>> fm.plan_reshard(fm.NamedSharding(mesh, fm.P("dp")), fm.NamedSharding(mesh["tp"], fm.P()), (4,), "int8")
         Traceback (most recent call last):
         ...
