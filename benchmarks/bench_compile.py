@@ -26,6 +26,15 @@ repetition one step of each series in a rotating order, ``dist.barrier()`` befor
 the slowest rank. Ratios divide medians of the same run.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_compile.py --quick --out benchmarks/results/c.jsonl
+
+``--cache W``: the compile of the whole job instead (docs/compile.md, "Compile caches across ranks").
+Each program of ``_cache_programs`` is compiled (inductor, forward and backward, torch's fake
+backend) by rank 0 into an empty FX graph cache directory, then by every other rank into the
+same one, one after the other, each in a fresh interpreter, without and with torch's
+``compile_on_one_rank``; per rank the FX graph cache hits and misses and the CPU seconds of its
+compile (the process and the compilers it starts).
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_compile.py --cache 4 --out benchmarks/results/cc.jsonl
 """
 
 from __future__ import annotations
@@ -145,9 +154,67 @@ def step_worker(rank: int, world: int, port: int, reps: int, warmup: int, hidden
     return {"samples": samples, "graphs": graphs}
 
 
+def cache_worker(rank: int, world: int, program: str, shared: bool) -> dict:
+    import resource
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    import _cache_programs
+
+    H.init_fake(world, rank)
+    torch._inductor.config.fx_graph_cache = True
+    fn, args = _cache_programs.PROGRAMS[program](world)
+    flags = getattr(torch.compiler.config, "compile_on_one_rank", None) is not None
+    config = torch.compiler.config if flags else torch.distributed.config
+    counters.clear()
+
+    def cpu() -> float:
+        return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+                   for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+    t0 = cpu()
+    with config.patch(compile_on_one_rank=shared):
+        torch.compile(fn, backend="inductor")(*args).backward()
+    return {"cpu_s": cpu() - t0, **{k: counters["inductor"][f"fxgraph_cache_{k}"] for k in ("hit", "miss", "bypass")}}
+
+
+def cache_main(args: Any) -> int:
+    import tempfile
+
+    import _cache_programs
+
+    run, t0, world = H.start_run(BENCH), time.perf_counter(), args.cache
+    records: list[Any] = [R.Table(BENCH, "cache", f"One cache directory, ranks compiled one after another, world "
+                                  f"{world}: FX graph cache hits of ranks 1..{world - 1}, of their graphs; the CPU "
+                                  "time of rank 0's compile and of the slowest later rank's", "program")]
+    for name in [n for n in _cache_programs.PROGRAMS if not args.programs or any(n.startswith(p) for p in args.programs)]:
+        for shared in (False, True):
+            with tempfile.TemporaryDirectory() as cache:
+                env = {"TORCHINDUCTOR_CACHE_DIR": cache, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+                ranks = [H.run(__file__, {"fn": "cache", "rank": r, "world": world, "program": name,
+                                          "shared": shared}, env=env) for r in range(world)]
+            later = ranks[1:]
+            column = "compile_on_one_rank" if shared else "without the flag"
+            hit, graphs = sum(r["hit"] for r in later), sum(r["hit"] + r["miss"] for r in later)
+            records += [R.Result(BENCH, "cache", name, f"{column}: hits", hit, "n"),
+                        R.Result(BENCH, "cache", name, f"{column}: of graphs", graphs, "n"),
+                        R.Result(BENCH, "cache", name, f"{column}: CPU rank 0", ranks[0]["cpu_s"] * 1e9, "ns"),
+                        R.Result(BENCH, "cache", name, f"{column}: CPU later, max", max(r["cpu_s"] for r in later) * 1e9,
+                                 "ns")]
+            print(name, column, [(r["hit"], r["miss"], r["bypass"], round(r["cpu_s"], 1)) for r in ranks], flush=True)
+    R.write(args.out, [H.finish_run(run, time.perf_counter() - t0), *records])
+    return 0
+
+
 def main() -> int:
-    H.serve({"step": step_worker})
-    args = H.mlp_parser(__doc__, 300).parse_args()
+    H.serve({"step": step_worker, "cache": cache_worker})
+    p = H.mlp_parser(__doc__, 300)
+    p.add_argument("--cache", type=int, metavar="W", help="the compile of a W-rank job into one cache instead")
+    p.add_argument("--programs", nargs="+", help="with --cache: only these programs (by the start of their name)")
+    args = p.parse_args()
+    if args.cache:
+        return cache_main(args)
     reps, warmup = args.reps or (30 if args.quick else args.default_reps), 5
     run, t0 = H.start_run(BENCH), time.perf_counter()
     row = H.mlp_row(args)

@@ -322,8 +322,7 @@ def _local_block(rm: RealizedMesh, x: torch.Tensor, axes: tuple[str, ...], dim: 
     ``dim`` is a valid, non-negative dim: the boundary's plan checked it."""
     call = Call("shard_map", rm, x, resolve_axes("shard_map", rm, axes), {}, torch.compiler.is_compiling())
     for hop in call.hops():  # outermost first; backward gathers innermost first
-        index = cast(int, hop.index)  # this rank is a member: call.hops() raised otherwise
-        x = run_step(call, x, S.Slice(call.group(hop), hop.size, dim, index), hop)
+        x = run_step(call, x, S.Slice(call.group(hop), hop.size, dim, call.position(hop)), hop)
     return x
 
 

@@ -30,6 +30,7 @@ environment lookup per call.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial, wraps
@@ -136,8 +137,27 @@ class Call(NamedTuple):
         return index
 
     def group(self, hop: Hop) -> Any:
-        """What a step names its group by: the ProcessGroup eagerly, its name under compile (None: size 1)."""
-        return hop.name if self.traced else hop.pg
+        """What a step names its group by: the ProcessGroup eagerly, its name under compile (None: size 1);
+        under ``compile_on_one_rank`` the name every group of the hop's axes shares (:func:`shared_name`)."""
+        if not self.traced:
+            return hop.pg
+        return shared_name(self.rm, hop) if hop.name is not None and _torch.one_graph_for_all_ranks() else hop.name
+
+    @property
+    def one_graph(self) -> bool:
+        """Traced under torch's ``compile_on_one_rank``: the graph must be the same on every rank of an axis."""
+        return self.traced and _torch.one_graph_for_all_ranks()
+
+    def position(self, hop: Hop | None = None) -> Any:
+        """This rank's index along ``hop``'s axes (``None``: the call's axes); under torch.compile with
+        ``compile_on_one_rank`` a value of the graph (:func:`run_time_index`), the same graph on every rank."""
+        index = self.member() if hop is None else hop.index
+        if index is None:
+            raise member_error(self.api, self.rm)
+        size = self.axes.size if hop is None else hop.size
+        if size > 1 and self.one_graph:
+            return run_time_index(self.rm, self.names if hop is None else hop.axes)
+        return index
 
     def fail(self, rule: str, name: str, value: object) -> MeshError:
         return MeshError(requires(self.api, rule, name, value), mesh=self.rm.mesh)
@@ -150,6 +170,40 @@ class Call(NamedTuple):
         describe = rec.describe if rec is not None and rec.describe is not None else None
         return debug_check(self.api, self.rm, self.names, self.traced,
                            (lambda: describe(self)) if describe is not None else str)
+
+
+# -- one graph for every rank (torch's compile_on_one_rank) ---------------------------------------------
+#
+# Under the flag, what differs between the ranks of an axis leaves the graph's constants: a rank's
+# index along axes is torch's run-time coordinate operator over every group of those axes (a constant
+# every rank shares), and a group is named by a name every group of its axes registers on its own
+# members (``_torch.shared_group_name``), resolved to the caller's group when the graph runs.
+
+
+def run_time_index(rm: RealizedMesh, axes: tuple[str, ...]) -> Any:
+    """This rank's index along ``axes`` (first axis major), computed when the graph runs: a SymInt."""
+    return _torch.run_time_coordinate(_every_group(rm, axes))
+
+
+@torch.compiler.assume_constant_result
+def _every_group(rm: RealizedMesh, axes: tuple[str, ...]) -> list[list[int]]:
+    """Every group of ``axes``, each a list of ranks (first axis major): made in Python, a constant of the trace."""
+    groups = recall(rm, ("every group", axes))
+    if groups is None:
+        rows = rm.mesh[axes].groups()
+        groups = remember(rm, ("every group", axes), rows.reshape(rows.shape[0], -1).tolist())
+    return groups
+
+
+@torch.compiler.assume_constant_result
+def shared_name(rm: RealizedMesh, hop: Hop) -> str:
+    """The name of ``hop``'s group that every group of its axes registers under (on its own members)."""
+    name = recall(rm, ("shared name", hop.axes))
+    if name is None:
+        key = hashlib.sha1(f"{rm.backend}:{rm.device_type}:{_every_group(rm, hop.axes)}".encode()).hexdigest()[:16]
+        name = _torch.shared_group_name(hop.pg, f"fm:{','.join(hop.axes)}:{key}")
+        remember(rm, ("shared name", hop.axes), name)
+    return name
 
 
 def member_error(api: str, rm: RealizedMesh) -> MeshError:

@@ -219,6 +219,18 @@ class _Queries(_RealizedFields):
                             mesh=self._mesh)
         return self._groups[axis]
 
+    def replica_groups(self, axis: str | Sequence[str]) -> list[list[int]]:
+        """The global ranks of every group of ``axis`` (a tuple: its product, first axis major), one
+        list per group in torch's order: what a static-IR compiler needs (docs/compile.md). Pure.
+
+        Examples:
+            >>> rm.replica_groups("tp"), rm.replica_groups("dp")
+            ([[0, 1, 2, 3], [4, 5, 6, 7]], [[0, 4], [1, 5], [2, 6], [3, 7]])
+        """
+        rows = select(self._mesh, as_name_tuple("RealizedMesh.replica_groups", axis, "axis"),
+                      "RealizedMesh.replica_groups").groups()
+        return rows.reshape(rows.shape[0], -1).tolist()
+
     def has_group(self, axes: tuple[str, ...]) -> bool:
         """True when the product group of ``axes`` was realized with this mesh."""
         return axes in self._groups

@@ -158,7 +158,7 @@ def all_gather(call: Call) -> torch.Tensor:
     hops, check = call.hops(), call.debug_check()
     invariant = params["to"] == "invariant"
     for hop in reversed(hops):  # innermost axis first: the outermost ends up major
-        x = apply_step(call, check, x, S.Gather(call.group(hop), hop.size, d, hop.index if invariant else None), hop)
+        x = apply_step(call, check, x, S.Gather(call.group(hop), hop.size, d, call.position(hop) if invariant else None), hop)
     return x
 
 
@@ -345,7 +345,8 @@ def ppermute(call: Call) -> torch.Tensor:
     hops, check = call.hops(), call.debug_check()
     if len(hops) == 1:  # one axis, or the product group: one all-to-all with empty blocks (traces)
         (hop,) = hops
-        return apply_step(call, check, call.x, S.Permute(call.group(hop), hop.size, me, pairs), hop)
+        permute = S.RunTimePermute if call.one_graph and hop.size > 1 else S.Permute
+        return apply_step(call, check, call.x, permute(call.group(hop), hop.size, call.position(hop), pairs), hop)
     if call.traced:
         rule = "under torch.compile, one axis or a tuple whose product group was realized"
         raise MeshError(requires(call.api, rule, "axis", call.names) + f"; pass products=[{call.names!r}] to realize",
@@ -368,7 +369,7 @@ def describe_perm(call: Call) -> str:
 
 
 def axis_index(call: Call) -> int:
-    return call.member()
+    return call.position()
 
 
 

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from . import _torch
 
 __all__ = ["AllReduce", "Arrived", "AsyncStep", "Comm", "Exchange", "Extremum", "Gather", "Identity", "Permute",
-           "PointToPoint", "Ragged", "Scatter", "Slice", "Step"]
+           "PointToPoint", "Ragged", "RunTimePermute", "Scatter", "Slice", "Step"]
 
 
 # -- steps: one communication each, and the step that transposes it --------------------------------
@@ -384,6 +384,58 @@ class Permute(NamedTuple):
 
     def transpose(self) -> Permute:
         return Permute(self.group, self.n, self.me, tuple((d, s) for s, d in self.pairs))
+
+
+class RunTimePermute(NamedTuple):
+    """:class:`Permute` with ``me`` a value of the graph (torch's ``compile_on_one_rank``: the same graph
+    on every rank). The pairs are completed into a permutation of all ``n`` members (one that sends
+    nothing sends to one that receives nothing, itself first, which drops it: zeros), so every
+    member sends and receives one block, the sizes are expressions of ``me`` and the result's
+    shape is the same on every rank. Transpose: the inverse permutation."""
+
+    group: Any
+    n: int
+    me: Any  # a SymInt
+    pairs: tuple[tuple[int, int], ...]
+
+    @property
+    def local(self) -> bool:
+        return False
+
+    @property
+    def grad_by_torch(self) -> bool:
+        return False
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        return self.finish(x, _torch.wait(*self.start(x)))
+
+    def _completed(self) -> tuple[int, ...]:
+        n, dest = self.n, dict(self.pairs)
+        idle = [j for j in range(n) if j not in dest]  # send nothing
+        free = [j for j in range(n) if j not in dest.values()]  # receive nothing
+        for j in [j for j in idle if j in free]:
+            dest[j] = j
+            idle.remove(j)
+            free.remove(j)
+        dest.update(zip(idle, free, strict=True))
+        return tuple(dest[j] for j in range(n))
+
+    def start(self, x: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        flat, me, dest = x.reshape(-1), self.me, self._completed()
+        numel = flat.numel()
+        sent = [torch.sym_ite(me == dest.index(j), numel, 0) for j in range(self.n)]
+        got = [torch.sym_ite(me == dest[j], numel, 0) for j in range(self.n)]
+        return _torch.all_to_all_start(flat.contiguous(), got, sent, self.group)
+
+    def finish(self, x: torch.Tensor, arrived: torch.Tensor) -> torch.Tensor:
+        numel, receives = x.numel(), [j in {d for _, d in self.pairs} for j in range(self.n)]
+        block = arrived.narrow(0, 0, numel)
+        keep = (torch.arange(self.n, device=block.device) == self.me).logical_and(
+            torch.tensor(receives, device=block.device)).any()
+        return torch.where(keep, block, _zeros(block, block)).reshape(x.shape)
+
+    def transpose(self) -> RunTimePermute:
+        return RunTimePermute(self.group, self.n, self.me, tuple((d, s) for s, d in self.pairs))
 
 
 class PointToPoint(NamedTuple):

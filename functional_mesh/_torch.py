@@ -32,7 +32,7 @@ __all__ = ["PlacementPlan", "abort_groups", "all_gather", "all_gather_start", "a
            "all_to_all", "all_to_all_start", "broadcast_prefix", "no_torch_function", "reduce_scatter_start", "wait",
            "can_split", "default_group",
            "default_store", "device_mesh_from_groups", "from_placements", "global_rank", "group_members",
-           "group_in_order", "group_name", "group_timeout", "known_groups", "local_tensor", "mesh_parts", "one_rank_group", "op_overload_name", "pytree",
+           "group_in_order", "group_name", "one_graph_for_all_ranks", "run_time_coordinate", "shared_group_name", "group_timeout", "known_groups", "local_tensor", "mesh_parts", "one_rank_group", "op_overload_name", "pytree",
            "raise_while_tracing", "reduce_scatter", "register_flattened", "rename_flattened", "set_group_desc",
            "to_placements", "torch_function_mode_active",
            "trace_time_error", "unregister_flattened"]
@@ -199,6 +199,58 @@ def no_torch_function() -> Any:
 def group_name(pg: Any) -> str:
     """The name functional collectives know a group by."""
     return pg.group_name
+
+
+# -- one graph for every rank (torch's compile_on_one_rank; docs/compile.md, "Compile caches across ranks") --
+
+
+def one_graph_for_all_ranks() -> bool:
+    """Whether torch's ``compile_on_one_rank`` is on: ``torch.compiler.config`` (torch >= 2.14) or
+    ``torch.distributed.config`` (2.13, a deprecated alias later); read while tracing."""
+    config = getattr(torch.compiler, "config", None)
+    if config is not None and hasattr(config, "compile_on_one_rank"):
+        return bool(config.compile_on_one_rank)
+    return bool(getattr(getattr(dist, "config", None), "compile_on_one_rank", False))
+
+
+def run_time_coordinate(groups: list[list[int]]) -> Any:
+    """This rank's position in the row of ``groups`` (every group of some axes, ``(n_groups, size)``) that
+    holds it, as a value the graph computes at run time: torch's
+    ``device_mesh::_runtime_compute_coordinate_on_dim`` (what ``DeviceMesh._sym_get_coordinate`` calls
+    under ``compile_on_one_rank``), ranged ``0 .. size - 1``. A SymInt while tracing; ``groups`` is
+    a constant every rank shares."""
+    import torch.distributed._ops.device_mesh  # noqa: F401  (registers the operator)
+
+    return torch.ops.device_mesh._runtime_compute_coordinate_on_dim(torch.tensor(groups, dtype=torch.int), 0)
+
+
+_SHARED_NAMES: dict[str, Any] = {}  # a name every group of one axis shares -> this rank's group
+
+
+def shared_group_name(pg: Any, name: str) -> str:
+    """``name`` in c10d's group registry for ``pg``, this rank's group of an axis whose every group
+    registers under the same ``name`` on its own members: a graph that names it is the same on every
+    rank, and the functional collectives resolve it at run time to the caller's group. A name held
+    by a group destroyed since is taken over; one held by another live group takes a suffix."""
+    c10d = dist.distributed_c10d
+    base, k = name, 0
+    while name in _SHARED_NAMES:
+        held = _SHARED_NAMES[name]
+        if held is pg:
+            return name
+        if held in c10d._world.pg_names:  # another live group
+            k += 1
+            name = f"{base}#{k}"
+            continue
+        c10d._unregister_process_group(name)  # its group was destroyed
+        del _SHARED_NAMES[name]
+    try:
+        c10d._unregister_process_group(name)  # left by a world destroyed since
+    except Exception:  # noqa: BLE001  (not registered: the usual case)
+        pass
+    c10d._register_process_group(name, pg)
+    _SHARED_NAMES[name] = pg
+    return name
 
 
 def default_group() -> Any:

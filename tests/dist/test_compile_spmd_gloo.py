@@ -96,9 +96,41 @@ def group_labels(*meshes: Any) -> dict[str, str]:
     return {name: label for name, (label, _) in groups_of(*meshes).items()}
 
 
-def collectives_in(gm: torch.fx.GraphModule, labels: dict[str, str]) -> list[dict]:
-    """The functional collectives of ``gm`` in graph order, with what pairs them across ranks."""
+def _label(group: object, labels: dict[str, str]) -> str:
+    """The axes a group serves: from this rank's names, or from the name every group of the axes shares
+    under ``compile_on_one_rank`` (``fm:<axes>:<key>``)."""
+    if isinstance(group, str) and group.startswith("fm:") and group not in labels:
+        return group.split(":")[1].replace(",", "+")
+    return labels.get(group, f"group {group}")  # type: ignore[call-overload]
+
+
+def _at_this_rank(gm: torch.fx.GraphModule) -> dict:
+    """Each run-time coordinate of ``gm`` (``compile_on_one_rank``), by its symbol: its value on this rank."""
+    values = {}
+    for node in gm.graph.nodes:
+        if str(node.target) == "device_mesh._runtime_compute_coordinate_on_dim.default":
+            table = node.args[0]
+            table = getattr(gm, table.target) if isinstance(table, torch.fx.Node) else table
+            values[node.meta["val"].node.expr] = node.target(table, *node.args[1:])
+    return values
+
+
+def _size(s: Any, coordinates: dict) -> Any:
+    """A split size as this rank sends it: an int, or a graph value (an expression of the coordinates) evaluated."""
+    if isinstance(s, int):
+        return s
+    value = s.meta.get("val") if isinstance(s, torch.fx.Node) else s
+    if isinstance(value, torch.SymInt):
+        return int(value.node.expr.xreplace(coordinates))
+    return str(s)
+
+
+def collectives_in(gm: torch.fx.GraphModule, labels: dict[str, str], coordinates: dict | None = None) -> list[dict]:
+    """The functional collectives of ``gm`` in graph order, with what pairs them across ranks (``coordinates``:
+    the run-time coordinates of the graphs of this compile so far, by symbol; this graph's are added)."""
     out = []
+    coordinates = {} if coordinates is None else coordinates
+    coordinates.update(_at_this_rank(gm))
     for node in gm.graph.nodes:
         target = node.target
         if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
@@ -110,11 +142,11 @@ def collectives_in(gm: torch.fx.GraphModule, labels: dict[str, str]) -> list[dic
         first = args.pop(names[0])
         value = first.meta.get("val") if isinstance(first, torch.fx.Node) else None
         group = args.pop("group_name")
-        call = {"op": target._schema.name.split("::")[1].rstrip("_"), "axis": labels.get(group, f"group {group}"),
+        call = {"op": target._schema.name.split("::")[1].rstrip("_"), "axis": _label(group, labels),
                 "shape": [str(s) for s in value.shape] if value is not None else None,
                 "dtype": str(value.dtype) if value is not None else None}
         for key, v in args.items():
-            call[key] = [str(s) if not isinstance(s, int) else s for s in v] if isinstance(v, list | tuple) else v
+            call[key] = [_size(s, coordinates) for s in v] if isinstance(v, list | tuple) else v
         out.append(call)
     return out
 
@@ -136,9 +168,10 @@ class Recorder:
     def __init__(self, backend: str, labels: dict[str, str], run: bool) -> None:
         self.backend, self.labels, self.run = backend, labels, run
         self.graphs: list[dict] = []
+        self.coordinates: dict = {}  # the run-time coordinates (compile_on_one_rank) of the forward, for the backward
 
     def _add(self, kind: str, gm: torch.fx.GraphModule, code: list[str] | None = None) -> None:
-        self.graphs.append({"kind": kind, "calls": collectives_in(gm, self.labels), "code": code})
+        self.graphs.append({"kind": kind, "calls": collectives_in(gm, self.labels, self.coordinates), "code": code})
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         if self.backend == "aot_eager":
@@ -201,16 +234,29 @@ def _stopped(e: BaseException | None) -> bool:
     return False
 
 
+def one_graph(on: bool = True) -> Any:
+    """torch's ``compile_on_one_rank`` set to ``on`` for the block (``torch.compiler.config`` where it has it)."""
+    import torch.distributed.config
+
+    config = torch.compiler.config if hasattr(torch.compiler.config, "compile_on_one_rank") else torch.distributed.config
+    return config.patch(compile_on_one_rank=on)
+
+
+ONE_GRAPH = "one graph: "  # a program compiled under compile_on_one_rank: the same graph on every rank
+
+
 def record_graphs(fn: Callable[..., Any], args: tuple, backend: str, labels: dict[str, str], mesh: Any,
-                  grad: bool = True) -> list[dict]:
-    """Compile ``fn(*args)`` under ``with mesh:`` on ``backend`` with the recorder; its graphs. Nothing runs."""
+                  grad: bool = True, shared: bool = False) -> list[dict]:
+    """Compile ``fn(*args)`` under ``with mesh:`` on ``backend`` with the recorder; its graphs. Nothing runs.
+    ``shared``: under ``compile_on_one_rank``."""
     import torch._dynamo as dynamo
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
     recorder = Recorder(backend, labels, run=False)
     dynamo.reset()
-    patches = [functorch_config.patch(force_non_lazy_backward_lowering=True, enable_autograd_cache=False)]
+    patches = [functorch_config.patch(force_non_lazy_backward_lowering=True, enable_autograd_cache=False),
+               one_graph(shared)]
     if backend == "inductor":
         patches.append(inductor_config.patch(custom_partitioner_fn=_partitioner(recorder), fx_graph_cache=False))
     with contextlib.ExitStack() as stack:
@@ -319,6 +365,20 @@ def by_coordinate() -> tuple:
     return fn, (torch.arange(4.0, dtype=torch.float64).requires_grad_(),), [rm]
 
 
+def ring_and_coordinates() -> tuple:
+    """On (a, b) = (2, 2): a ring and a partial shift over b, all_gather(to="invariant") over a, axis_index,
+    a psum over both: coordinates, split sizes and groups that differ between the groups of an axis."""
+    rm = _realize((2, 2), ("a", "b"))
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        y = fm.ppermute(x * (1 + fm.axis_index("b", mesh=rm)), "b", [(0, 1), (1, 0)], mesh=rm)
+        z = fm.ppermute(torch.tanh(y), "b", [(0, 1)], mesh=rm)
+        g = fm.all_gather(z * (2 + fm.axis_index(("a", "b"), mesh=rm)), "a", to="invariant", mesh=rm)
+        return fm.psum((g * g).sum(), ("a", "b"), mesh=rm)
+
+    return fn, (torch.arange(4.0, dtype=torch.float64).requires_grad_(),), [rm]
+
+
 def ragged_sizes(rank: int, n: int) -> list[int]:
     """Rows rank ``rank`` sends to each member: uneven, some zero, differ by rank."""
     return [(rank * 3 + j * 2) % 3 for j in range(n)]
@@ -421,6 +481,11 @@ def _programs_4() -> dict[str, Callable[[], tuple]]:
         "gpipe 2 stages x dp 2": lambda: gpipe(2, dp=2),
         "ragged zero sizes": lambda: ragged(4),
         "moe_ep layer": moe_layer,
+        f"{ONE_GRAPH}gpipe 4 stages": lambda: gpipe(4),
+        f"{ONE_GRAPH}gpipe 2 stages x dp 2": lambda: gpipe(2, dp=2),
+        f"{ONE_GRAPH}ring and coordinates": ring_and_coordinates,
+        f"{ONE_GRAPH}shard_map mlp, DTensor weights": lambda: shard_map_program("mlp", True),
+        f"{ONE_GRAPH}shard_map gathers": lambda: shard_map_program("gathers", True),
     }
     for name in CASES:  # with its product group where it has a tuple of axes
         if name in SIZE1_CASES:  # on the (4, 1) mesh those cases are written for
@@ -452,7 +517,8 @@ def graphs_of(world: int, names: list[str], backends: list[str]) -> dict:
         members = {label: dist.get_process_group_ranks(pg) for label, pg in groups.values() if label != "size-1"}
         for backend in backends:
             try:
-                graphs = record_graphs(fn, args, backend, labels, meshes[0], grad=name not in NO_GRAD_2)
+                graphs = record_graphs(fn, args, backend, labels, meshes[0], grad=name not in NO_GRAD_2,
+                                       shared=name.startswith(ONE_GRAPH))
                 out[(name, backend)] = {"graphs": graphs, "members": members}
             except Exception as e:  # noqa: BLE001 - reported per program
                 out[(name, backend)] = {"error": f"{type(e).__name__}: {str(e)[:2000]}"}
@@ -550,7 +616,8 @@ def test_programs_on_world_2_compile_the_same_collectives_on_every_rank(w2):
 
 @pytest.mark.timeout(900)
 def test_pipelines_moe_and_ragged_on_world_4(w4):
-    names = ["gpipe 4 stages", "gpipe 2 stages x dp 2", "ragged zero sizes", "moe_ep layer"]
+    names = ["gpipe 4 stages", "gpipe 2 stages x dp 2", "ragged zero sizes", "moe_ep layer",
+             *(n for n in _programs_4() if n.startswith(ONE_GRAPH))]
     _check_all(w4.run(graphs_of, 4, names, BACKENDS, timeout=900), names, BACKENDS)
 
 
@@ -618,16 +685,18 @@ def test_compiled_on_inductor_runs_and_equals_eager(w2, name):
     assert any(calls for _, calls in codes[0]), codes[0]
 
 
-def gpipe_vs_one_process(stages: int, dp: int, backend: str | None) -> dict:
-    """The GPipe region's loss and gradients (eager or compiled) against one process."""
+def gpipe_vs_one_process(stages: int, dp: int, backend: str | None, shared: bool = False) -> dict:
+    """The GPipe region's loss and gradients (eager or compiled; ``shared``: under ``compile_on_one_rank``)
+    against one process."""
     import torch.distributed as dist
 
     fn, (ws, xs, targets), meshes = gpipe(stages, dp)
     f = torch.compile(fn, fullgraph=True, backend=backend) if backend else fn
     if backend:
         torch._dynamo.reset()
-    loss = f(ws, xs, targets)
-    loss.full_tensor().backward()
+    with one_graph(shared):
+        loss = f(ws, xs, targets)
+        loss.full_tensor().backward()
     want_loss, want_gw, want_gx = gpipe_reference(stages)
     stage = meshes[0].local_rank("pp")
     return {"rank": dist.get_rank(), "loss": abs(loss.full_tensor().item() - want_loss),
@@ -638,8 +707,33 @@ def gpipe_vs_one_process(stages: int, dp: int, backend: str | None) -> dict:
 @pytest.mark.timeout(300)
 def test_gpipe_region_equals_one_process(w4):
     for res in w4.run(gpipe_vs_one_process, 4, 1, None, timeout=120) + \
-            w4.run(gpipe_vs_one_process, 4, 1, "aot_eager", timeout=300):
+            w4.run(gpipe_vs_one_process, 4, 1, "aot_eager", timeout=300) + \
+            w4.run(gpipe_vs_one_process, 4, 1, "aot_eager", True, timeout=300):
         assert max(res["loss"], res["ws"], res["xs"]) < 1e-10, res
+
+
+def one_graph_vs_eager(names: list[str], backend: str) -> dict:
+    """Each program of ``names`` compiled under ``compile_on_one_rank`` against eager mode: the largest difference
+    of its outputs and gradients."""
+    out = {}
+    for name in names:
+        fn, args, _ = _programs_4()[name]()
+        want = _leaves_grads(fn, args)
+        torch._dynamo.reset()
+        with one_graph():
+            got = _leaves_grads(torch.compile(fn, fullgraph=True, backend=backend), args)
+        torch._dynamo.reset()
+        out[name] = max((a - b).abs().max().item() for a, b in zip(got[0] + got[1], want[0] + want[1], strict=True))
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_one_graph_programs_equal_eager(w4):
+    # the same graph on every rank (coordinates and split sizes computed when it runs, shared group names):
+    # the values of eager mode on every rank
+    names = [f"{ONE_GRAPH}ring and coordinates", f"{ONE_GRAPH}shard_map mlp, DTensor weights"]
+    for rank, res in enumerate(w4.run(one_graph_vs_eager, names, "aot_eager", timeout=300)):
+        assert max(res.values()) < 1e-10, (rank, res)
 
 
 # -- FSDP2 + tensor parallel, compiled ------------------------------------------------------------------
