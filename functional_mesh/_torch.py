@@ -244,10 +244,7 @@ def shared_group_name(pg: Any, name: str) -> str:
             continue
         c10d._unregister_process_group(name)  # its group was destroyed
         del _SHARED_NAMES[name]
-    try:
-        c10d._unregister_process_group(name)  # left by a world destroyed since
-    except Exception:  # noqa: BLE001  (not registered: the usual case)
-        pass
+    c10d._unregister_process_group(name)  # one left by a world destroyed since (none: nothing happens)
     c10d._register_process_group(name, pg)
     _SHARED_NAMES[name] = pg
     return name
