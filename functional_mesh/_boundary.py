@@ -35,7 +35,7 @@ from ._interop import sharding_of
 from ._layout import row_major_strides
 from ._mesh import axes_size
 from ._region import Region, selected
-from ._sharding import NamedSharding, PartitionSpec
+from ._sharding import NamedSharding, PartitionSpec, placement_plan
 
 __all__ = ["check_specs", "enter_all", "exit_all"]
 
@@ -117,16 +117,28 @@ class _Plan:
     enters (its gathers) or an untyped one sums its cotangent (its unnamed axes)."""
 
     __slots__ = ("sharding", "placements", "axes", "unreduced", "rank", "sizes", "split", "axes_of", "gathers",
-                 "unnamed", "spec", "specs")
+                 "unnamed", "spec", "specs", "reduced", "kind", "cotangent", "reduced_dims")
 
     def __init__(self, rm: RealizedMesh, spec: PartitionSpec, check_vma: bool) -> None:
         self.sharding = NamedSharding(rm.mesh, spec)
         self.placements = self.sharding.placements
         self.specs: dict[tuple[tuple[int, ...], torch.dtype], Any] = {}  # eagerly: a result's DTensor spec per shape
         self.axes = frozenset(a for d in range(len(spec)) for a in spec.axes_of(d))
-        self.unreduced = spec.unreduced  # a pending sum over these axes (DTensor's Partial("sum"))
+        self.unreduced = spec.unreduced  # a pending reduction over these axes (DTensor's Partial(kind))
+        self.kind = spec.unreduced_kind or "sum"
+        self.reduced = spec.reduced if check_vma else frozenset()  # untyped: JAX drops reduced (summed as unnamed)
         self.unnamed = () if check_vma else tuple(a for a in rm.mesh.axis_names
                                                   if a not in self.axes and a not in self.unreduced)
+        # the placements of a cotangent where they are not the value's (None): a reduced axis's cotangent is a
+        # pending sum (Partial("sum")), and so is a pending max's or min's (the members' masked terms)
+        self.cotangent = None
+        self.reduced_dims = tuple((i, rm.mesh.axis_size(n)) for i, n in enumerate(rm.mesh.axis_names)
+                                  if n in self.reduced)  # (mesh dim, size) of each reduced axis
+        if self.reduced or self.kind != "sum":
+            plan = placement_plan(self.sharding)
+            names = rm.mesh.axis_names
+            self.cotangent = _torch.to_placements(tuple(
+                "sum" if (n in self.reduced or isinstance(p, str)) else p for n, p in zip(names, plan, strict=True)))
         self.rank = len(spec)
         self.spec = str(spec)  # for messages (torch.compile cannot format a PartitionSpec while tracing)
         self.sizes = tuple(axes_size(rm, spec.axes_of(d)) for d in range(len(spec.entries)))
@@ -207,8 +219,8 @@ def enter_all(region: Region, f: Callable[..., Any], args: tuple, in_specs: Any)
             if misfits is not None:
                 continue
             leaf = _enter(region, path, leaf, plan)
-            if region.check_vma and (plan.axes or plan.unreduced):
-                region.enter(leaf, plan.axes, plan.unreduced)
+            if region.check_vma and (plan.axes or plan.unreduced or plan.reduced):
+                region.enter(leaf, plan.axes, plan.unreduced, plan.reduced, plan.kind)
         leaves.append(leaf)
     if misfits is not None:
         raise _in_specs_error(region.rm, f, len(args), misfits)
@@ -271,13 +283,15 @@ def _enter(region: Region, path: Any, value: torch.Tensor, plan: _Plan) -> torch
         # (_Local); under torch.compile, or for a pending sum (whose gradient DTensor is Replicate), to_local
         if not (value.requires_grad and torch.is_grad_enabled()):
             local = value.to_local() if region.traced else _torch.local_tensor(value)
+        elif plan.cotangent is not None:  # reduced, or a pending max/min: the gradient leaves as a pending sum
+            local = value.to_local(grad_placements=plan.cotangent)
         elif region.traced or plan.unreduced:
             local = value.to_local()
         else:
             local = _Local.apply(value)
     elif plan.unreduced:
         raise MeshError(
-            f"`shard_map` requires a DTensor with Partial('sum') placements for an in_spec with unreduced axes, but "
+            f"`shard_map` requires a DTensor with Partial({plan.kind!r}) placements for an in_spec with unreduced axes, but "
             f"{_path(path)} is a plain tensor and its spec is {plan.spec} (a full value is no pending sum); pass "
             f"a DTensor (fm.sharding_of says P(..., unreduced=...) of one), or drop unreduced= from the spec",
             mesh=rm.mesh)
@@ -344,7 +358,7 @@ def exit_all(region: Region, out: Any, out_specs: Any) -> Any:
     plans = [_plan(region, spec) if isinstance(leaf, torch.Tensor) else None for _, leaf, spec in entries]
     if region.check_vma:
         region.check_trace("the region's results")
-        failures, pending = [], []
+        failures, pending, others = [], [], []
         for (path, leaf, _), plan in zip(entries, plans, strict=True):
             if plan is not None:
                 varying, named = region.type_of(leaf), plan.axes
@@ -355,13 +369,27 @@ def exit_all(region: Region, out: Any, out_specs: Any) -> Any:
                         fix = (f"its out_spec says it is a pending sum over {axes}: cast it with "
                                f"fm.pcast(x, {axes if len(axes) > 1 else axes[0]!r}, to='unreduced')")
                     failures.append((_path(path), varying, named, plan.spec, fix))
-                unreduced = region.unreduced_of(leaf)
+                types = region.types_of(leaf)
+                unreduced = types.unreduced
                 if unreduced != plan.unreduced and (unreduced - plan.unreduced or plan.unreduced - unreduced - varying):
                     pending.append((_path(path), varying, unreduced, plan.unreduced, plan.spec))
+                elif unreduced and types.unreduced_kind != plan.kind:
+                    others.append(f"  {_path(path)}: a pending {types.unreduced_kind} over {tuple(sorted(unreduced))}, "
+                                  f"but its out_spec {plan.spec} says unreduced_kind={plan.kind!r}; end it with "
+                                  f"fm.p{types.unreduced_kind}, or say unreduced_kind={types.unreduced_kind!r}")
+                if types.reduced != plan.reduced:
+                    extra, missing = sorted(types.reduced - plan.reduced), sorted(plan.reduced - types.reduced)
+                    others.append(f"  {_path(path)}: reduced over {sorted(types.reduced)}, but its out_spec {plan.spec} "
+                                  f"says reduced over {sorted(plan.reduced)} (as in JAX, the two must be equal); "
+                                  + (f"name {extra} in P(..., reduced=...)" if extra else
+                                     f"cast it with fm.pcast(x, {missing!r}, to='reduced')"))
         if failures:
             raise _vma.out_specs_error(failures, rm.mesh.axis_names, region.random)
         if pending:
             raise _vma.unreduced_out_specs_error(pending)
+        if others:
+            raise _vma.VmaError("`shard_map` requires each result's pending kind and reduced axes to be what its "
+                                "out_spec says, but:\n" + "\n".join(others))
     leaves = []
     for (path, leaf, _), plan in zip(entries, plans, strict=True):
         if plan is not None:
@@ -396,7 +424,7 @@ def _exit(region: Region, local: torch.Tensor, plan: _Plan) -> DTensor:
         spec = plan.specs[key] = _torch.spec_of(rm.device_mesh, plan.placements, shape, row_major_strides(shape),
                                                 local.dtype)
     if local.requires_grad and torch.is_grad_enabled():
-        return _Global.apply(local, spec)
+        return _Global.apply(local, spec, plan.reduced_dims)
     return _torch.wrap_local(local.view_as(local), copy.copy(spec), False)
 
 
@@ -406,19 +434,26 @@ class _Global(torch.autograd.Function):
     (``from_local``'s backward)."""
 
     @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, spec: Any) -> DTensor:
-        ctx.spec = spec
+    def forward(ctx: Any, local: torch.Tensor, spec: Any, reduced: tuple[tuple[int, int], ...] = ()) -> DTensor:
+        ctx.spec, ctx.reduced = spec, reduced  # reduced: (mesh dim, size) where the cotangent is a pending sum
         ctx.set_materialize_grads(False)
         return _torch.wrap_local(local.view_as(local), copy.copy(spec), local.requires_grad)
 
     @staticmethod
-    def backward(ctx: Any, grad: Any) -> tuple[Any, None]:
+    def backward(ctx: Any, grad: Any) -> tuple[Any, None, None]:
         if not isinstance(grad, DTensor):
-            return grad, None
+            return grad, None, None
         spec = ctx.spec
-        if tuple(grad.placements) != spec.placements:
-            grad = grad.redistribute(spec.mesh, spec.placements)
-        return (grad.to_local() if torch.is_grad_enabled() else _torch.local_tensor(grad)), None
+        placements, scale = list(spec.placements), 1
+        for dim, size in ctx.reduced:  # a reduced result's cotangent enters as a pending sum (its term here)
+            if grad.placements[dim].is_partial():
+                placements[dim] = grad.placements[dim]
+            else:  # replicated: each member's term is its share (DTensor's Replicate -> Partial("sum"))
+                scale *= size
+        if tuple(grad.placements) != tuple(placements):
+            grad = grad.redistribute(spec.mesh, placements)
+        local = grad.to_local() if torch.is_grad_enabled() else _torch.local_tensor(grad)
+        return (local / scale if scale != 1 else local), None, None
 
 
 class _Scale(torch.autograd.Function):

@@ -122,9 +122,9 @@ class TypedMode(TorchFunctionMode):
                                 "a custom op's result need not follow its inputs' types; run this region "
                                 "with check_vma=False")
         if region.unreduced is not None:
-            pending = [region.unreduced_of(flat[i]) for i in positions]
-            if any(pending):
-                return self._unreduced_op(func, kind, args, kwargs, flat, tree, positions, operands, pending)
+            full = [region.types_of(flat[i]) for i in positions]
+            if any(t.unreduced or t.reduced for t in full):
+                return self._unreduced_op(func, kind, args, kwargs, flat, tree, positions, full)
         if kind.random and is_random(func, args, kwargs):
             region.drew_random()
             rule = _vma.random_rule(operands, region.axes)
@@ -144,10 +144,12 @@ class TypedMode(TorchFunctionMode):
         return out
 
     def _unreduced_op(self, func: Any, kind: OpKind, args: tuple, kwargs: dict, flat: list[Any], tree: Any,
-                      positions: list[int], operands: list[frozenset[str]], pending: list[frozenset[str]]) -> Any:
-        """An op with an operand unreduced over some axes (a pending sum): the linear ops keep it
-        (``_vma.unreduced_op_rule``), every other op is a ``VmaError``. An operand multiplied into the
-        pending sum gets a cast whose backward sums its gradient over the sum's axes."""
+                      positions: list[int], full: list[_vma.AxisTypes]) -> Any:
+        """An op with an operand unreduced over some axes (a pending reduction) or reduced: the linear ops
+        keep a pending sum, views and reductions of their kind a pending max or min, and the rule says
+        what a reduced operand allows (``_vma.special_op_rule``); every other op is a ``VmaError``. An
+        operand multiplied into the pending sum gets a cast whose backward sums its gradient over the
+        sum's axes; a reduced operand meeting a varying one is relabelled varying (no communication)."""
         region = self.region
         linear = kind.linear
         values = _value_operands(linear, args, kwargs)
@@ -155,7 +157,8 @@ class TypedMode(TorchFunctionMode):
             linear = ""  # a number divided by a pending sum
         roles = ["value" if linear == "factors" or any(flat[i] is v for v in values) else "other" for i in positions]
         adds_number = linear == "add" and any(not isinstance(v, torch.Tensor) for v in values)
-        if linear == "factors" and func in BIAS:  # F.linear(x, w, b): a bias is added to every member's term
+        pending = [t.unreduced for t in full]
+        if linear == "factors" and func in BIAS and any(pending):  # F.linear(x, w, b): a bias is added to every term
             bias = args[BIAS[func]] if len(args) > BIAS[func] else kwargs.get("bias")
             if bias is not None:
                 axes = tuple(sorted(frozenset().union(*pending)))
@@ -163,26 +166,38 @@ class TypedMode(TorchFunctionMode):
                     f"`{kind.name}` with a bias cannot take a value unreduced over {axes}: every member would add "
                     f"the bias to its term, so the sum would hold it once per member; call it without the bias, "
                     f"then psum over {axes} and add the bias (or add it after a psum_scatter)")
-        key = (kind.name, linear, tuple(operands), tuple(pending), tuple(roles), adds_number)
+        extremum = kind.extremum
+        if extremum and kind.name in ("max", "min", "Tensor.max", "Tensor.min") and (
+                (len(args) > 1 and not isinstance(args[1], torch.Tensor)) or "dim" in kwargs):
+            extremum = ""  # torch.max(x, dim) also returns indices: refused (torch.amax keeps the kind)
+        if kind.random and is_random(func, args, kwargs):
+            raise _vma.VmaError(f"`{kind.name}` draws random numbers, which vary over every mesh axis, from a value "
+                                f"that is reduced or unreduced: cast it to varying first (fm.pcast(x, axis, "
+                                f"to='varying')), or psum it")
+        key = (kind.name, linear, tuple((t.varying, t.unreduced, t.reduced, t.unreduced_kind) for t in full),
+               tuple(roles), adds_number, extremum)
         rule = _RULES.get(key)
         if rule is None:
-            rule = _RULES[key] = _vma.unreduced_op_rule(
-                kind.name, linear, [(tuple(flat[i].shape), t, u) for i, t, u in zip(positions, operands, pending,
-                                                                                      strict=True)],
-                roles, adds_number)
+            rule = _RULES[key] = _vma.special_op_rule(
+                kind.name, linear, [(tuple(flat[i].shape), t) for i, t in zip(positions, full, strict=True)],
+                roles, adds_number, extremum)
         written = written_operand(func, args, kwargs)
         if written is not None:
             _vma.check_write(kind.name, region.type_of(written), rule.result,
                              [tuple(flat[i].shape) for i in positions])
-            if region.unreduced_of(written) != rule.unreduced:
+            have = region.types_of(written)
+            if (have.unreduced, have.reduced) != (rule.unreduced, rule.reduced):
                 raise _vma.VmaError(
-                    f"`{kind.name}` writes in place into a tensor unreduced over "
-                    f"{tuple(sorted(region.unreduced_of(written)))}, but the value it writes is unreduced over "
-                    f"{tuple(sorted(rule.unreduced))}; write `x = x * y` (out of place) instead")
+                    f"`{kind.name}` writes in place into a tensor unreduced over {tuple(sorted(have.unreduced))} and "
+                    f"reduced over {tuple(sorted(have.reduced))}, but the value it writes is unreduced over "
+                    f"{tuple(sorted(rule.unreduced))} and reduced over {tuple(sorted(rule.reduced))}; write "
+                    f"`x = x * y` (out of place) instead")
         changed = False
         for k, i in enumerate(positions):
             if flat[i] is written:
                 continue
+            if rule.relabels and rule.relabels[k]:
+                flat[i], changed = region.relabel(flat[i], rule.relabels[k]), True
             if rule.casts[k]:
                 flat[i], changed = region.cast(flat[i], rule.casts[k]), True
             if rule.sums and rule.sums[k]:  # its gradient is one term of the pending sum: sum it
@@ -191,7 +206,7 @@ class TypedMode(TorchFunctionMode):
             args, kwargs = _torch.pytree.tree_unflatten(flat, tree) if tree is not None else (tuple(flat), kwargs)
         out = func(*args, **kwargs)
         if written is None:
-            region.record(out, rule.result, rule.unreduced)
+            region.record(out, rule.result, rule.unreduced, rule.reduced, rule.kind)
         return out
 
 
@@ -222,7 +237,7 @@ def _operand_types(region: Region, args: tuple, kwargs: dict | None) -> frozense
         if isinstance(a, torch.Tensor):
             tag = getattr(a, TAG, None)
             if tag is not None and tag.region is region:
-                if tag.unreduced:
+                if tag.unreduced or tag.reduced:
                     return None
                 t = tag.axes
             else:
@@ -279,7 +294,7 @@ def _value_operands(linear: str, args: tuple, kwargs: dict) -> list[Any]:
         return [args[0], second] if args else []
     if linear == "cat":
         return list(args[0]) if args and isinstance(args[0], (list, tuple)) else list(kwargs.get("tensors", ()))
-    if linear == "unary":
+    if linear in ("unary", "view"):
         return list(args[:1])
     return [a for a in args if isinstance(a, torch.Tensor)]  # factors: every tensor
 

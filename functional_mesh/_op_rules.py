@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from . import _collectives as C
 from . import _torch
 
-__all__ = ["BIAS", "LINEAR", "PASS_THROUGH", "OpKind", "is_random", "is_untypeable", "op_kind", "written_operand"]
+__all__ = ["BIAS", "EXTREMUM", "LINEAR", "PASS_THROUGH", "OpKind", "is_random", "is_untypeable", "op_kind", "written_operand"]
 
 
 _SEEN: set[Any] = set()
@@ -174,6 +174,13 @@ def _linear(kind: str, *names: str, functions: tuple[Any, ...] = ()) -> None:
         LINEAR.setdefault(func, kind)
 
 
+# views and reshapes: they keep a pending max or min too (kind "view"; a pending sum: as "unary")
+_linear("view", "clone", "contiguous", "detach", "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten",
+        "squeeze", "unsqueeze", "squeeze_", "unsqueeze_", "transpose", "transpose_", "t", "t_", "permute", "movedim",
+        "moveaxis", "swapaxes", "swapdims", "expand", "expand_as", "broadcast_to", "narrow", "select", "__getitem__",
+        "split", "chunk", "tensor_split", "unbind", "flip", "fliplr", "flipud", "roll", "rot90", "diagonal", "ravel",
+        "atleast_1d", "atleast_2d", "atleast_3d")
+_linear("view", functions=tuple(getattr(_T, g).__get__ for g in ("T", "mT") if hasattr(_T, g)))
 _linear("unary", "neg", "negative", "__neg__", "__pos__", "positive", "neg_", "negative_", "clone", "contiguous",
         "detach", "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze", "squeeze_",
         "unsqueeze_", "transpose", "transpose_", "t", "t_", "permute", "movedim", "moveaxis", "swapaxes", "swapdims",
@@ -192,6 +199,9 @@ _linear("factors", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "do
         "tensordot", "einsum", "kron")
 _linear("factors", functions=(F.linear, F.bilinear))
 BIAS: dict[Any, int] = {F.linear: 2, F.bilinear: 3}  # linear in their factors, but a bias adds: its position
+# the reductions that keep a pending max (min) of their own kind; every other op refuses one
+EXTREMUM: dict[Any, str] = {f: k for k, names in (("max", ("amax", "max", "maximum")), ("min", ("amin", "min", "minimum")))
+                            for name in names for owner in (torch, _T) if (f := getattr(owner, name, None)) is not None}
 for _func in LINEAR:  # a linear op draws nothing, communicates nothing and is typed by the default rule
     if _func in _SEEN and _func not in PASS_THROUGH:
         raise RuntimeError(f"functional_mesh._op_rules: {_func!r} is linear and has another rule")
@@ -209,6 +219,7 @@ class OpKind(NamedTuple):
     writes_first: bool  # an in-place op by its name (``add_``, ``__iadd__``, ``__setitem__``)
     name: str  # how errors name it: "add", "Tensor.add_", "aten::add", "my_lib::op"
     linear: str  # its kind in ``LINEAR`` (keeps a pending sum), or "" (refuses one)
+    extremum: str = ""  # "max"/"min": a reduction of that kind (``EXTREMUM``), which keeps a pending max/min
 
 
 _KINDS: dict[Any, OpKind] = {}
@@ -249,7 +260,11 @@ def _classify(func: Any) -> OpKind:
         linear = LINEAR.get(func, "")
     except TypeError:  # unhashable: in no table
         linear = ""
-    return OpKind(role, random, writes_first, _display_name(func, op), linear)
+    try:
+        extremum = EXTREMUM.get(func, "")
+    except TypeError:
+        extremum = ""
+    return OpKind(role, random, writes_first, _display_name(func, op), linear, extremum)
 
 
 def _display_name(func: Any, op: tuple[str, str] | None) -> str:

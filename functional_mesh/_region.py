@@ -46,13 +46,16 @@ def _trace_id() -> int:
 class Tag:
     """A tensor's type in one eager region: valid only while ``region`` is the region that set it.
 
-    ``axes``: the axes it varies over; ``unreduced``: those it is a pending sum over (most often none).
+    ``axes``: the axes it varies over; ``unreduced``: those it is a pending reduction over (most often
+    none), of kind ``kind``; ``reduced``: those it is reduced over.
     """
 
-    __slots__ = ("region", "axes", "unreduced")
+    __slots__ = ("region", "axes", "unreduced", "reduced", "kind")
 
-    def __init__(self, region: Region, axes: frozenset[str], unreduced: frozenset[str] = NOTHING) -> None:
+    def __init__(self, region: Region, axes: frozenset[str], unreduced: frozenset[str] = NOTHING,
+                 reduced: frozenset[str] = NOTHING, kind: str = "sum") -> None:
         self.region, self.axes, self.unreduced = region, axes, unreduced
+        self.reduced, self.kind = reduced, kind
 
 
 class _Casts:
@@ -71,7 +74,7 @@ class Region:
     """One call of a mapped function: its realized mesh, whether it is typed, and the types."""
 
     __slots__ = ("rm", "check_vma", "axes", "traced", "trace", "types", "tags", "sources", "random", "entered",
-                 "casts", "unreduced", "waiting")
+                 "casts", "unreduced", "more", "waiting")
 
     def __init__(self, rm: RealizedMesh, check_vma: bool) -> None:
         self.rm = rm
@@ -80,9 +83,11 @@ class Region:
         self.traced = torch.compiler.is_compiling()
         self.trace = _trace_id() if self.traced else 0  # the trace the types belong to
         self.types: dict[Any, frozenset[str]] = {}  # under torch.compile: traced tensor -> axes
-        # None until a value of the region is a pending sum (unreduced over some axes): until then no op
-        # asks; then under torch.compile traced tensor -> its unreduced axes (eagerly empty: tags hold them)
+        # None until a value of the region is a pending sum (unreduced over some axes) or reduced: until then no
+        # op asks; then under torch.compile traced tensor -> its unreduced axes (eagerly empty: tags hold them),
+        # and in ``more`` its reduced axes and kind where they are not the defaults
         self.unreduced: dict[Any, frozenset[str]] | None = None
+        self.more: dict[Any, tuple[frozenset[str], str]] = {}
         self.tags: dict[Any, Tag] = {}  # eagerly: one tag per type (varying axes; (varying, unreduced) pairs)
         # results whose record has a fix for an out_specs error -> (axes, fix), made on the first one (fix_for)
         self.sources: Any = None
@@ -113,12 +118,17 @@ class Region:
         return tag.unreduced if tag is not None and tag.region is self else NOTHING
 
     def types_of(self, t: torch.Tensor) -> _vma.AxisTypes:
-        """``t``'s whole type: the axes it varies over and those it is a pending sum over."""
+        """``t``'s whole type: the axes it varies over, those it is a pending reduction over (and its kind),
+        and those it is reduced over."""
         if self.traced:
-            return _vma.AxisTypes(self.types.get(t, NOTHING), NOTHING if self.unreduced is None else
-                                  self.unreduced.get(t, NOTHING))
+            if self.unreduced is None:
+                return _vma.AxisTypes(self.types.get(t, NOTHING))
+            reduced, kind = self.more.get(t, (NOTHING, "sum"))
+            return _vma.AxisTypes(self.types.get(t, NOTHING), self.unreduced.get(t, NOTHING), reduced, kind)
         tag = getattr(t, TAG, None)
-        return _vma.AxisTypes(tag.axes, tag.unreduced) if tag is not None and tag.region is self else _vma.INVARIANT
+        if tag is None or tag.region is not self:
+            return _vma.INVARIANT
+        return _vma.AxisTypes(tag.axes, tag.unreduced, tag.reduced, tag.kind)
 
     def tag_for(self, axes: frozenset[str]) -> Tag:
         """The region's one tag of a tensor that varies over ``axes`` (eagerly)."""
@@ -127,13 +137,15 @@ class Region:
             tag = self.tags[axes] = Tag(self, axes)
         return tag
 
-    def record(self, out: Any, axes: frozenset[str], unreduced: frozenset[str] = NOTHING) -> None:
-        """Give ``out`` (a tensor, a tuple or list of them, or a pending result) the type ``axes``."""
+    def record(self, out: Any, axes: frozenset[str], unreduced: frozenset[str] = NOTHING,
+               reduced: frozenset[str] = NOTHING, kind: str = "sum") -> None:
+        """Give ``out`` (a tensor, a tuple or list of them, or a pending result) the type ``axes`` (and
+        ``unreduced`` of ``kind``, ``reduced``)."""
         if out.__class__ is Pending:  # async_op=True: its tensor takes this type when waited for
-            out.when_waited(self.record, axes, unreduced)
+            out.when_waited(self.record, axes, unreduced, reduced, kind)
             return
-        if unreduced or (self.unreduced is not None and self.traced):
-            self._record_unreduced(out, axes, unreduced)
+        if unreduced or reduced or (self.unreduced is not None and self.traced):
+            self._record_unreduced(out, axes, unreduced, reduced, kind if unreduced else "sum")
             return
         if isinstance(out, torch.Tensor):
             if self.traced:
@@ -148,7 +160,8 @@ class Region:
             for o in out:
                 self.record(o, axes)
 
-    def _record_unreduced(self, out: Any, axes: frozenset[str], unreduced: frozenset[str]) -> None:
+    def _record_unreduced(self, out: Any, axes: frozenset[str], unreduced: frozenset[str],
+                          reduced: frozenset[str] = NOTHING, kind: str = "sum") -> None:
         if self.unreduced is None:
             self.unreduced = {}
         if isinstance(out, torch.Tensor):
@@ -159,15 +172,19 @@ class Region:
                     self.unreduced[out] = unreduced
                 else:
                     self.unreduced.pop(out, None)
+                if reduced or kind != "sum":
+                    self.more[out] = (reduced, kind)
+                else:
+                    self.more.pop(out, None)
                 return
-            key = (axes, unreduced)  # eagerly: one tag per type, beside the varying-only ones
+            key = (axes, unreduced, reduced, kind)  # eagerly: one tag per type, beside the varying-only ones
             tag = self.tags.get(key)
             if tag is None:
-                tag = self.tags[key] = Tag(self, axes, unreduced)
+                tag = self.tags[key] = Tag(self, axes, unreduced, reduced, kind)
             out.__dict__[TAG] = tag
         elif isinstance(out, (tuple, list)):
             for o in out:
-                self._record_unreduced(o, axes, unreduced)
+                self._record_unreduced(o, axes, unreduced, reduced, kind)
 
     def check_trace(self, before: str) -> None:
         """Under torch.compile the types live in one trace: a graph break inside a typed region loses
@@ -187,9 +204,10 @@ class Region:
             + "; remove the break (torch._dynamo.explain lists it; fullgraph=True refuses it), or run the "
             "region with check_vma=False")
 
-    def enter(self, t: torch.Tensor, axes: frozenset[str], unreduced: frozenset[str]) -> None:
+    def enter(self, t: torch.Tensor, axes: frozenset[str], unreduced: frozenset[str],
+              reduced: frozenset[str] = NOTHING, kind: str = "sum") -> None:
         """Type an argument's local tensor at the boundary (its tag goes at :meth:`close`)."""
-        self.record(t, axes, unreduced)
+        self.record(t, axes, unreduced, reduced, kind)
         self.entered.append(t)
 
     def drew_random(self) -> None:
@@ -240,7 +258,8 @@ class Region:
             if hit is not None:
                 return hit
             y = self.pvary(x, tuple(sorted(axes)))
-            self.record(y, self.type_of(x) | axes, self.unreduced_of(x))
+            t = self.types_of(x)
+            self.record(y, t.varying | axes, t.unreduced, t.reduced, t.unreduced_kind)
             self.casts.setdefault(x, {})[axes] = y
             return y
         version = x._version
@@ -253,13 +272,22 @@ class Region:
             if hit is not None and hit[0] == version:
                 return hit[1]
         y = self.pvary(x, tuple(sorted(axes)))
-        self.record(y, self.type_of(x) | axes, self.unreduced_of(x))
+        t = self.types_of(x)
+        self.record(y, t.varying | axes, t.unreduced, t.reduced, t.unreduced_kind)
         if held is None:
             old = getattr(x, _CAST, None)
             if old is None or old.region is not self:
                 self.casts.append(weakref.ref(x))
             held = x.__dict__[_CAST] = _Casts(self, tag)
         held.by_axes[axes] = (version, y)
+        return y
+
+    def relabel(self, x: torch.Tensor, axes: frozenset[str]) -> torch.Tensor:
+        """The implicit cast of a value reduced over ``axes`` to varying over them: no communication either
+        way (its varying cotangent is the pending sum its reduced type asks for; JAX's reduced_vary_cast)."""
+        t = self.types_of(x)
+        y = x.view_as(x)
+        self.record(y, t.varying | axes, t.unreduced, t.reduced - axes, t.unreduced_kind)
         return y
 
     def retire_casts(self) -> None:
@@ -287,10 +315,12 @@ class Region:
         rule = rec.rule(api, self.types_of(x) if rec.operand else _vma.INVARIANT, frozenset(call.names), call.params)
         if rec.operand and rule.casts[0]:
             call = call._replace(x=self.cast(x, rule.casts[0]))
+        if rule.params:  # what the run takes from the types (a relabel instead of a pvary)
+            call = call._replace(params={**call.params, **rule.params})
         out = rec.run(call)
         if rec.region_dtype is not None:
             out = torch.tensor(out, dtype=rec.region_dtype)
-        self.record(out, rule.result, rule.unreduced)
+        self.record(out, rule.result, rule.unreduced, rule.reduced, rule.kind)
         if rec.fix is not None and isinstance(out, torch.Tensor):
             fix = rec.fix(call.names, call.params)
             if fix is not None:  # a weak-keyed entry costs ~5-10 us, so only for a result that has a fix

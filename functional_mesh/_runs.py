@@ -112,18 +112,23 @@ def identity(call: Call) -> torch.Tensor:
 
 
 def pcast_params(api: str, params: dict[str, Any]) -> dict[str, Any]:
-    if params["to"] not in ("varying", "unreduced"):
-        raise MeshError(requires(api, "a supported target", "to", params["to"], "'varying', 'unreduced'"))
+    if params["to"] not in ("varying", "unreduced", "reduced"):
+        raise MeshError(requires(api, "a supported target", "to", params["to"], "'varying', 'unreduced', 'reduced'"))
     return params
 
 
 # pcast(to="unreduced"): identity forward and backward (a pending sum's cotangent is the same on every
 # member, as the cotangent of the varying value it was); the result is a pending sum over the axes.
+# pcast(to="reduced"): identity forward, psum backward (the reduced value's cotangent is a pending sum,
+# which the invariant operand's is not: JAX's preduced, whose transpose is unreduced_psum). "relabel" (the
+# rule's answer for to="varying" of a reduced value): identity both ways (JAX's reduced_vary_cast).
 
 
 def pcast(call: Call) -> torch.Tensor:
-    if call.params["to"] == "varying":
+    if call.params["to"] in ("varying", "reduced"):
         return pvary(call)
+    if call.params["to"] == "relabel":
+        return call.x.view_as(call.x)
     return identity(call).view_as(call.x)  # a new tensor: the region types it, not x
 
 

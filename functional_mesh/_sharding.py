@@ -31,7 +31,7 @@ from ._errors import MeshError, requires
 from ._mesh import Mesh, axes_size, axis_position
 from ._validate import Frozen, as_int
 
-__all__ = ["UNREDUCED", "P", "NamedSharding", "PartitionSpec", "chunk_block", "global_shape_of", "placement_plan", "shape_of", "spec_from_plan"]
+__all__ = ["KINDS", "UNREDUCED", "P", "NamedSharding", "PartitionSpec", "chunk_block", "global_shape_of", "placement_plan", "shape_of", "spec_from_plan"]
 
 Entry = str | tuple[str, ...] | None
 
@@ -54,37 +54,49 @@ def _entry(value: object) -> Entry:
     raise TypeError(requires("PartitionSpec", "None, an axis name or a tuple of axis names per dim", "entry", value))
 
 
-def _unreduced(value: object, given: tuple[Entry, ...]) -> frozenset[str]:
-    """The axes a value is unreduced over: any iterable of names (one name alone as well), none on a dim."""
+def _axis_set(keyword: str, value: object, given: tuple[Entry, ...]) -> frozenset[str]:
+    """The axes of ``unreduced=`` or ``reduced=``: any iterable of names (one name alone as well), none on a dim."""
     given_names = (value,) if isinstance(value, str) else value
     try:
         names: tuple[Any, ...] = tuple(given_names)  # type: ignore[arg-type]  # Any: the caller's, checked below
     except TypeError:
-        raise TypeError(requires("PartitionSpec", "unreduced= an iterable of axis names", "unreduced",
+        raise TypeError(requires("PartitionSpec", f"{keyword}= an iterable of axis names", keyword,
                                  value)) from None
     for name in names:
         if not isinstance(name, str):
-            raise TypeError(requires("PartitionSpec", "str axis names in unreduced=", "name", name))
+            raise TypeError(requires("PartitionSpec", f"str axis names in {keyword}=", "name", name))
         if not name:
-            raise MeshError(requires("PartitionSpec", "axis names that are non-empty", "unreduced", value))
+            raise MeshError(requires("PartitionSpec", "axis names that are non-empty", keyword, value))
     split = {a for e in given if e is not None for a in ((e,) if isinstance(e, str) else e)}
     both = sorted(split.intersection(names))
     if both:
-        raise MeshError(requires("PartitionSpec", "each axis either splitting a dim or in unreduced=, not both",
-                                 "unreduced", set(names)) + f"; {both} also split a dim of "
-                        f"P({', '.join(map(repr, given))}): a value is sharded or pending a sum over an axis")
+        raise MeshError(requires("PartitionSpec", f"each axis either splitting a dim or in {keyword}=, not both",
+                                 keyword, set(names)) + f"; {both} also split a dim of "
+                        f"P({', '.join(map(repr, given))}): a value is sharded or {keyword} over an axis")
     return frozenset(names)
 
 
-# JAX 0.12's PartitionSpec keywords that have no meaning here yet.
-_JAX_012_KEYWORDS = ("reduced", "unreduced_kind")
+KINDS = ("sum", "max", "min")  # the kinds of a pending reduction (JAX's UnreducedKind; DTensor's Partial(op))
+
+
+def _kind(value: object, unreduced: frozenset[str]) -> str | None:
+    """``unreduced_kind=``: one of :data:`KINDS` (or JAX's ``UnreducedKind`` member), only with unreduced axes."""
+    if value is None:
+        return "sum" if unreduced else None
+    name = getattr(value, "name", value)  # jax.sharding.UnreducedKind.max -> "max"
+    if name not in KINDS:
+        raise MeshError(requires("PartitionSpec", "a reduction kind", "unreduced_kind", value, "'sum', 'max', 'min'"))
+    if not unreduced:
+        raise MeshError(requires("PartitionSpec", "unreduced_kind= only with unreduced axes (as in JAX)",
+                                 "unreduced_kind", value) + "; name the pending axes in unreduced=, or drop "
+                        "unreduced_kind=")
+    return str(name)
 
 
 def _unsupported_keyword(given: dict[str, object]) -> TypeError:
     name, value = next(iter(given.items()))
-    later = f" (JAX 0.12's {name}= is not supported yet)" if name in _JAX_012_KEYWORDS else ""
-    return TypeError(requires("PartitionSpec", f"axis entries and the keyword unreduced= only{later}",
-                              name, value, "unreduced="))
+    return TypeError(requires("PartitionSpec", "axis entries and the keywords unreduced=, reduced=, unreduced_kind= "
+                              "only", name, value, "unreduced=, reduced=, unreduced_kind="))
 
 
 class PartitionSpec(Frozen):
@@ -110,13 +122,14 @@ class PartitionSpec(Frozen):
             of axis names (their product, first name major); ``()`` is ``None`` and ``("dp",)``
             is ``"dp"``.
         unreduced: any iterable of axis names (or one name), over which the value is a pending
-            sum; default none.
-        **unsupported: no other keyword is taken; JAX 0.12's ``reduced=`` and ``unreduced_kind=``
-            get a ``TypeError`` saying so, not yet a meaning.
+            reduction; default none.
+        reduced: axes over which the value is invariant and its gradient a pending sum.
+        unreduced_kind: the pending reduction: "sum" (default), "max" or "min"; only with unreduced.
 
     Raises:
-        MeshError: an empty axis name, or an axis both splitting a dim and in ``unreduced``.
-        TypeError: an entry of another type, or a keyword other than ``unreduced``.
+        MeshError: an empty axis name, an axis both splitting a dim and pending (or reduced), an
+            axis both unreduced and reduced, a kind without unreduced axes.
+        TypeError: an entry of another type, or another keyword.
 
     Examples:
         >>> P("dp", None) == P(("dp",), ()), P("dp", None) == P("dp")
@@ -127,26 +140,43 @@ class PartitionSpec(Frozen):
         (2, ('dp',))
         >>> P("dp", unreduced={"tp"}), P("dp", unreduced=["tp"]) == P("dp", unreduced="tp")
         (P('dp', unreduced={'tp'}), True)
+        >>> P(unreduced="tp", unreduced_kind="max"), P("dp", reduced={"tp"})
+        (P(unreduced={'tp'}, unreduced_kind='max'), P('dp', reduced={'tp'}))
     """
 
-    __slots__ = ("entries", "unreduced", "_given", "_key")
+    __slots__ = ("entries", "unreduced", "reduced", "unreduced_kind", "_given", "_key")
     entries: tuple[Entry, ...]  # without trailing Nones
-    unreduced: frozenset[str]  # the axes of a pending sum
+    unreduced: frozenset[str]  # the axes of a pending reduction
+    reduced: frozenset[str]  # invariant, with a pending-sum gradient
+    unreduced_kind: str | None  # "sum", "max" or "min" with unreduced axes, else None
     _given: tuple[Entry, ...]  # as written, each entry in normal form
     _key: tuple[Any, ...]  # the value: what equality compares (the entries, then the sorted unreduced axes)
 
-    def __init__(self, *entries: object, unreduced: object = (), **unsupported: object) -> None:
+    def __init__(self, *entries: object, unreduced: object = (), reduced: object = (), unreduced_kind: object = None,
+                 **unsupported: object) -> None:
         if unsupported:
             raise _unsupported_keyword(unsupported)
         given = tuple(_entry(e) for e in entries)
         normal = list(given)
         while normal and normal[-1] is None:
             normal.pop()
-        pending = _unreduced(unreduced, given) if unreduced != () else frozenset()
+        pending = _axis_set("unreduced", unreduced, given) if unreduced != () else frozenset()
+        kept = _axis_set("reduced", reduced, given) if reduced != () else frozenset()
+        if pending & kept:
+            raise MeshError(requires("PartitionSpec", "unreduced= and reduced= without common axes (as in JAX)",
+                                     "reduced", set(kept)) + f"; {sorted(pending & kept)} are also unreduced")
+        kind = _kind(unreduced_kind, pending)
+        tail: tuple[Any, ...] = (*sorted(pending),)
+        if kept:
+            tail += (("reduced", *sorted(kept)),)
+        if kind not in (None, "sum"):
+            tail += (("kind", kind),)
         object.__setattr__(self, "entries", tuple(normal))
         object.__setattr__(self, "unreduced", pending)
+        object.__setattr__(self, "reduced", kept)
+        object.__setattr__(self, "unreduced_kind", kind)
         object.__setattr__(self, "_given", given)
-        object.__setattr__(self, "_key", given + ((_UNREDUCED_KEY, *sorted(pending)),) if pending else given)
+        object.__setattr__(self, "_key", given + ((_UNREDUCED_KEY, *tail),) if tail else given)
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -174,7 +204,11 @@ class PartitionSpec(Frozen):
             (True, P('dp'))
         """
         if key and isinstance(key[-1], tuple) and key[-1][:1] == (_UNREDUCED_KEY,):
-            return PartitionSpec(*key[:-1], unreduced=key[-1][1:])
+            tail = key[-1][1:]
+            more = {t[0]: t[1:] for t in tail if isinstance(t, tuple) and t}
+            kind = more.get("kind", (None,))[0]
+            return PartitionSpec(*key[:-1], unreduced=tuple(a for a in tail if not isinstance(a, tuple)),
+                                 reduced=more.get("reduced", ()), unreduced_kind=kind)
         return PartitionSpec(*key)
 
     def __eq__(self, other: object) -> bool:
@@ -219,6 +253,10 @@ class PartitionSpec(Frozen):
         parts = [repr(e) for e in self._given]
         if self.unreduced:
             parts.append("unreduced={" + ", ".join(map(repr, sorted(self.unreduced))) + "}")
+        if self.reduced:
+            parts.append("reduced={" + ", ".join(map(repr, sorted(self.reduced))) + "}")
+        if self.unreduced_kind not in (None, "sum"):
+            parts.append(f"unreduced_kind={self.unreduced_kind!r}")
         return f"P({', '.join(parts)})"
 
 
@@ -276,7 +314,7 @@ class NamedSharding:
                         requires("NamedSharding", "each mesh axis at most once in the spec", "spec", spec)
                         + f"; axis {name!r} splits dims {seen[name]} and {dim}", mesh=mesh)
                 seen[name] = dim
-        for name in sorted(spec.unreduced):
+        for name in sorted(spec.unreduced | spec.reduced):
             axis_position(mesh, name, "NamedSharding")
         object.__setattr__(self, "mesh", mesh)
         object.__setattr__(self, "spec", spec)
@@ -413,10 +451,12 @@ def chunk_block(shape: Sequence[int], splits: Sequence[Sequence[tuple[int, int]]
 
 
 UNREDUCED = "sum"  # a mesh axis's placement-plan entry for a pending sum over it: DTensor's Partial("sum")
+# (a pending max or min: "max", "min", DTensor's Partial("max") / Partial("min"); a reduced axis: None, Replicate)
 
 
 def placement_plan(sharding: NamedSharding) -> tuple[tuple[int, int | None] | str | None, ...]:
-    """Per mesh axis: ``None`` (replicated), ``(dim, split_factor)`` or :data:`UNREDUCED`: DTensor's placements as values.
+    """Per mesh axis: ``None`` (replicated), ``(dim, split_factor)`` or a kind of :data:`KINDS` (a pending
+    reduction, :data:`UNREDUCED` for a sum): DTensor's placements as values.
 
     An axis that splits dim ``d`` is ``(d, None)``, DTensor's ``Shard(d)``, when the axes of ``d`` are
     listed in mesh order (DTensor applies placements in mesh order, each splitting the previous
@@ -433,7 +473,7 @@ def placement_plan(sharding: NamedSharding) -> tuple[tuple[int, int | None] | st
             later_outer = [a for a in axes[:j] if order[a] > order[name]]
             plan[order[name]] = (d, axes_size(mesh, later_outer) if later_outer else None)
     for name in spec.unreduced:
-        plan[order[name]] = UNREDUCED
+        plan[order[name]] = spec.unreduced_kind
     return tuple(plan)
 
 
@@ -444,8 +484,12 @@ def spec_from_plan(api: str, mesh: Mesh, plan: Sequence[tuple[int, int | None] |
     is a ``MeshError``.
     """
     by_dim: dict[int, list[str]] = {}
-    unreduced = [name for name, p in zip(mesh.axis_names, plan, strict=True) if p == UNREDUCED]
-    splits = [None if isinstance(p, str) else p for p in plan]  # str: UNREDUCED, the one str a plan holds
+    unreduced = [name for name, p in zip(mesh.axis_names, plan, strict=True) if isinstance(p, str)]
+    kinds = sorted({p for p in plan if isinstance(p, str)})
+    if len(kinds) > 1:  # a spec has one kind of pending reduction
+        raise MeshError(requires(api, "pending reductions of one kind (a PartitionSpec has one unreduced_kind)",
+                                 "placements", tuple(plan)), mesh=mesh)
+    splits = [None if isinstance(p, str) else p for p in plan]  # str: a kind, the one str a plan holds
     for name, p in zip(mesh.axis_names, splits, strict=True):
         if p is not None:
             by_dim.setdefault(p[0], []).append(name)
@@ -460,4 +504,4 @@ def spec_from_plan(api: str, mesh: Mesh, plan: Sequence[tuple[int, int | None] |
         else:
             raise MeshError(requires(api, "placements that a PartitionSpec can express", "placements", tuple(splits)),
                             mesh=mesh)
-    return PartitionSpec(*entries, unreduced=unreduced)
+    return PartitionSpec(*entries, unreduced=unreduced, unreduced_kind=kinds[0] if kinds else None)

@@ -38,23 +38,23 @@ __all__ = ["PlacementPlan", "abort_groups", "all_gather", "all_gather_start", "a
            "trace_time_error", "unregister_flattened"]
 
 # Per mesh axis: None (replicated), (tensor dim, split factor) (a factor of None is Shard(dim), an int
-# _StridedShard(dim, split_factor=factor)) or "sum" (a pending sum: Partial("sum")). Built by
+# _StridedShard(dim, split_factor=factor)) or "sum", "max", "min" (a pending reduction: Partial(kind)). Built by
 # functional_mesh._sharding.placement_plan.
 PlacementPlan = tuple[tuple[int, int | None] | str | None, ...]
 
 
 def to_placements(plan: PlacementPlan) -> tuple[Any, ...]:
-    """DTensor placements for a placement plan, one per mesh axis (``"sum"``: ``Partial("sum")``)."""
+    """DTensor placements for a placement plan, one per mesh axis (``"sum"``: ``Partial("sum")``, ...)."""
     # DTensor is imported on first use: it costs ~0.6 s, and realize and the collectives never need it
     from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
-    return tuple(Replicate() if p is None else Partial("sum") if p == "sum" else Shard(p[0]) if p[1] is None
+    return tuple(Replicate() if p is None else Partial(p) if isinstance(p, str) else Shard(p[0]) if p[1] is None
                  else _StridedShard(p[0], split_factor=p[1]) for p in plan)
 
 
 def from_placements(api: str, placements: Sequence[Any], mesh: Any = None) -> PlacementPlan:
-    """The placement plan of DTensor placements; a ``Partial`` other than a sum is a ``MeshError``."""
+    """The placement plan of DTensor placements; a ``Partial`` other than a sum, max or min is a ``MeshError``."""
     from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
@@ -66,12 +66,13 @@ def from_placements(api: str, placements: Sequence[Any], mesh: Any = None) -> Pl
             plan.append((placement.dim, None))
         elif isinstance(placement, Replicate):
             plan.append(None)
-        elif isinstance(placement, Partial) and placement.reduce_op == "sum":
-            plan.append("sum")
+        elif isinstance(placement, Partial) and placement.reduce_op in ("sum", "max", "min"):
+            plan.append(placement.reduce_op)
         else:
-            raise MeshError(requires(api, "Shard, Replicate or Partial('sum') placements (a PartitionSpec has no "
-                                     "other pending reduction: redistribute it first)", "placement", placement,
-                                     "Shard, _StridedShard, Replicate, Partial('sum')"), mesh=mesh)
+            raise MeshError(requires(api, "Shard, Replicate or Partial('sum' | 'max' | 'min') placements (a "
+                                     "PartitionSpec has no other pending reduction: redistribute it first)",
+                                     "placement", placement, "Shard, _StridedShard, Replicate, Partial('sum'), "
+                                     "Partial('max'), Partial('min')"), mesh=mesh)
     return tuple(plan)
 
 
