@@ -130,15 +130,16 @@ class _Plan:
         self.unnamed = () if check_vma else tuple(a for a in rm.mesh.axis_names
                                                   if a not in self.axes and a not in self.unreduced)
         # the placements of a cotangent where they are not the value's (None): a reduced axis's cotangent is a
-        # pending sum (Partial("sum")), and so is a pending max's or min's (the members' masked terms)
+        # pending sum, Partial("sum"). (A pending max's or min's gradient keeps the value's Partial(kind) label:
+        # each member's masked term, which DTensor then passes through untouched.)
         self.cotangent = None
         self.reduced_dims = tuple((i, rm.mesh.axis_size(n)) for i, n in enumerate(rm.mesh.axis_names)
                                   if n in self.reduced)  # (mesh dim, size) of each reduced axis
-        if self.reduced or self.kind != "sum":
+        if self.reduced:
             plan = placement_plan(self.sharding)
             names = rm.mesh.axis_names
             self.cotangent = _torch.to_placements(tuple(
-                "sum" if (n in self.reduced or isinstance(p, str)) else p for n, p in zip(names, plan, strict=True)))
+                "sum" if n in self.reduced else p for n, p in zip(names, plan, strict=True)))
         self.rank = len(spec)
         self.spec = str(spec)  # for messages (torch.compile cannot format a PartitionSpec while tracing)
         self.sizes = tuple(axes_size(rm, spec.axes_of(d)) for d in range(len(spec.entries)))
@@ -283,7 +284,7 @@ def _enter(region: Region, path: Any, value: torch.Tensor, plan: _Plan) -> torch
         # (_Local); under torch.compile, or for a pending sum (whose gradient DTensor is Replicate), to_local
         if not (value.requires_grad and torch.is_grad_enabled()):
             local = value.to_local() if region.traced else _torch.local_tensor(value)
-        elif plan.cotangent is not None:  # reduced, or a pending max/min: the gradient leaves as a pending sum
+        elif plan.cotangent is not None:  # reduced: the gradient leaves as a pending sum
             local = value.to_local(grad_placements=plan.cotangent)
         elif region.traced or plan.unreduced:
             local = value.to_local()
