@@ -17,6 +17,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import functional_mesh as fm
 from functional_mesh import P
+from tests._torch_features import needs_compiled_regions
 
 MESH = fm.make_mesh((2, 2), ("dp", "tp"))
 NONE, DP, TP = frozenset(), frozenset({"dp"}), frozenset({"tp"})
@@ -201,3 +202,24 @@ def test_pmax_of_a_pending_sum_names_it_and_a_partial_avg_is_refused(rm):
         fm.sharding_of(partial(rm, "avg"))
     with pytest.raises(fm.MeshError, match=r"requires a DTensor with Partial\('max'\) placements for an in_spec"):
         run(rm, lambda m: m, torch.ones(3), in_specs=MAX_SPEC, out_specs=MAX_SPEC)
+
+
+@pytest.mark.slow  # two compiles
+@needs_compiled_regions()  # not where this torch's dynamo cannot trace a region (2.11, 2.12)
+def test_reduced_and_pending_max_regions_compile_in_one_graph(rm):
+    def body(x, w, m):
+        r = fm.pcast(w, "tp", to="reduced")
+        return fm.psum(fm.pcast(x, "tp", to="unreduced") * torch.sin(r), "tp"), fm.pmax(torch.amax(m, 1), "tp")
+
+    mapped = fm.shard_map(body, mesh=rm, in_specs=(P(None, "tp"), P(), MAX_SPEC), out_specs=(P(), P()))
+    args = torch.ones(4, 8), torch.ones(4, requires_grad=True), partial(rm, "max")
+    explained = torch._dynamo.explain(mapped)(*args)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch._dynamo.reset()
+    out = torch.compile(mapped, fullgraph=True)(*args)
+    assert [o.shape for o in out] == [(4, 4), (2,)]
+    torch._dynamo.reset()
+    with pytest.raises(fm.VmaError, match=r"`Tensor\.add` requires a pending sum"):
+        torch.compile(fm.shard_map(lambda m: fm.pmax(m + m, "tp"), mesh=rm, in_specs=MAX_SPEC, out_specs=P()),
+                      fullgraph=True)(partial(rm, "max"))
+    torch._dynamo.reset()
