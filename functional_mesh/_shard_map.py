@@ -75,7 +75,8 @@ def typeof(t: torch.Tensor) -> _vma.AxisTypes:
         t: a tensor of the region (one made outside it reads as invariant).
 
     Returns:
-        Its type: ``AxisTypes(varying=frozenset(axis names))``.
+        Its type: ``AxisTypes(varying=..., unreduced=..., reduced=..., unreduced_kind=...)`` (the last
+        three shown where not empty or "sum").
 
     Raises:
         TypeError: ``t`` is not a tensor.
@@ -87,6 +88,11 @@ def typeof(t: torch.Tensor) -> _vma.AxisTypes:
         ...     return x
         >>> _ = fm.shard_map(f, in_specs=P("tp"), out_specs=P("tp"), mesh=rm)(torch.arange(8.0))
         AxisTypes(varying=frozenset({'tp'})) AxisTypes(varying=frozenset())
+        >>> from torch.distributed.tensor import DTensor, Partial, Replicate
+        >>> m = DTensor.from_local(torch.ones(2), rm.device_mesh, [Replicate(), Partial("max")])  # a pending max
+        >>> _ = fm.shard_map(lambda x: print(fm.typeof(x)) or fm.pmax(x, "tp"), mesh=rm, out_specs=P(),
+        ...                  in_specs=P(unreduced="tp", unreduced_kind="max"))(m)
+        AxisTypes(varying=frozenset(), unreduced=frozenset({'tp'}), unreduced_kind='max')
         >>> fm.typeof(torch.ones(2))
         Traceback (most recent call last):
         ...
