@@ -292,7 +292,8 @@ def _enter(region: Region, path: Any, value: torch.Tensor, plan: _Plan) -> torch
             local = _Local.apply(value)
     elif plan.unreduced:
         raise MeshError(
-            f"`shard_map` requires a DTensor with Partial({plan.kind!r}) placements for an in_spec with unreduced axes, but "
+            f"`shard_map` requires a DTensor with Partial({plan.kind!r}) placements for an in_spec with unreduced axes, "
+            f"but "
             f"{_path(path)} is a plain tensor and its spec is {plan.spec} (a full value is no pending sum); pass "
             f"a DTensor (fm.sharding_of says P(..., unreduced=...) of one), or drop unreduced= from the spec",
             mesh=rm.mesh)
@@ -380,7 +381,8 @@ def exit_all(region: Region, out: Any, out_specs: Any) -> Any:
                                   f"fm.p{types.unreduced_kind}, or say unreduced_kind={types.unreduced_kind!r}")
                 if types.reduced != plan.reduced:
                     extra, missing = sorted(types.reduced - plan.reduced), sorted(plan.reduced - types.reduced)
-                    others.append(f"  {_path(path)}: reduced over {sorted(types.reduced)}, but its out_spec {plan.spec} "
+                    others.append(f"  {_path(path)}: reduced over {sorted(types.reduced)}, but its out_spec "
+                                  f"{plan.spec} "
                                   f"says reduced over {sorted(plan.reduced)} (as in JAX, the two must be equal); "
                                   + (f"name {extra} in P(..., reduced=...)" if extra else
                                      f"cast it with fm.pcast(x, {missing!r}, to='reduced')"))

@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from . import _collectives as C
 from . import _torch
 
-__all__ = ["BIAS", "EXTREMUM", "LINEAR", "PASS_THROUGH", "OpKind", "is_random", "is_untypeable", "op_kind", "written_operand"]
+__all__ = ["BIAS", "EXTREMUM", "LINEAR", "PASS_THROUGH", "OpKind", "is_random", "is_untypeable", "op_kind",
+           "written_operand"]
 
 
 _SEEN: set[Any] = set()
@@ -200,7 +201,8 @@ _linear("factors", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "do
 _linear("factors", functions=(F.linear, F.bilinear))
 BIAS: dict[Any, int] = {F.linear: 2, F.bilinear: 3}  # linear in their factors, but a bias adds: its position
 # the reductions that keep a pending max (min) of their own kind; every other op refuses one
-EXTREMUM: dict[Any, str] = {f: k for k, names in (("max", ("amax", "max", "maximum")), ("min", ("amin", "min", "minimum")))
+EXTREMUM: dict[Any, str] = {f: k for k, names in (("max", ("amax", "max", "maximum")),
+                                                  ("min", ("amin", "min", "minimum")))
                             for name in names for owner in (torch, _T) if (f := getattr(owner, name, None)) is not None}
 for _func in LINEAR:  # a linear op draws nothing, communicates nothing and is typed by the default rule
     if _func in _SEEN and _func not in PASS_THROUGH:

@@ -516,10 +516,11 @@ def _reduced_cast_rule(api: str, types: AxisTypes, axes: frozenset[str]) -> Rule
                                                 ("is already reduced", types.reduced)) if axes & got]
     if bad:
         what, where = bad[0]
+        fix = ("drop those axes from the call" if what == "is already reduced" else
+               f"make it invariant first ({_fix(where)})" if what == "is unreduced" else
+               "make it invariant first (fm.psum, or fm.all_gather(x, axis, to='invariant'))")
         raise VmaError(f"`{api}` requires a value invariant over the axes it casts to reduced, but got one that {what} "
-                       f"over {sorted(where)}; "
-                       + ("drop those axes from the call" if what == "is already reduced" else
-                          f"make it invariant first ({_fix(where) if what == 'is unreduced' else 'fm.psum or fm.all_gather(x, ..., to=' + repr('invariant') + ')'})"))
+                       f"over {sorted(where)}; {fix}")
     _check_sum_kind(api, types)
     return Rule((frozenset(),), types.varying, types.unreduced, reduced=types.reduced | axes,
                 kind=types.unreduced_kind)
