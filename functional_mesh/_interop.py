@@ -165,11 +165,12 @@ def _built_while_tracing(mesh: Mesh) -> bool:
 
 
 def sharding_of(dtensor: DTensor) -> NamedSharding:
-    """The ``NamedSharding`` of an existing DTensor (``Shard``, ``_StridedShard``, ``Replicate``, ``Partial("sum")``).
+    """The ``NamedSharding`` of an existing DTensor (``Shard``, ``_StridedShard``, ``Replicate``, ``Partial``).
 
     Read from the DTensor's torch mesh and placements alone: no communication. A ``Partial("sum")``
     placement on a mesh dim is a pending sum over that axis: ``P(..., unreduced={axis})`` (the
-    DTensor's ``full_tensor()`` is the sum of the members' local tensors).
+    DTensor's ``full_tensor()`` is the sum of the members' local tensors); ``Partial("max")``,
+    ``Partial("min")`` add ``unreduced_kind=``.
 
     Args:
         dtensor: a DTensor on any torch ``DeviceMesh``.
@@ -179,8 +180,8 @@ def sharding_of(dtensor: DTensor) -> NamedSharding:
 
     Raises:
         TypeError: ``dtensor`` is not a DTensor.
-        MeshError: a ``Partial`` placement other than a sum (``avg``, ``max``, ...: redistribute
-            it first), or placements no ``PartitionSpec`` can say.
+        MeshError: a ``Partial`` placement other than a sum, max or min (``avg``, ...:
+            redistribute it first), or placements no ``PartitionSpec`` can say.
 
     Examples:
         >>> mesh = rm.mesh
