@@ -705,6 +705,26 @@ def one_process_rd_times_number(x, w):
 
 
 @ur_body
+def rd_matmul(x, w):
+    return fm.psum(_pend(x) @ _reduced(w), "tp")
+
+
+@ur_reference
+def one_process_rd_matmul(x, w):
+    return [tp_sum(x) @ w]
+
+
+@ur_body
+def rd_tanh(x, w):
+    return fm.psum(_pend(x) * torch.tanh(_reduced(w)), "tp")
+
+
+@ur_reference
+def one_process_rd_tanh(x, w):
+    return [tp_sum(x) * torch.tanh(w)]
+
+
+@ur_body
 def rd_div(x, s):
     return fm.psum(_pend(x) / _reduced(s), "tp")
 

@@ -651,6 +651,16 @@ def rd_times_number(x, w):
 
 
 @ur_body
+def rd_matmul(x, w):
+    return lax.psum(_pend(x) @ _reduced(w), "tp")
+
+
+@ur_body
+def rd_tanh(x, w):
+    return lax.psum(_pend(x) * jnp.tanh(_reduced(w)), "tp")
+
+
+@ur_body
 def rd_div(x, s):
     return lax.psum(_pend(x) / _reduced(s), "tp")
 

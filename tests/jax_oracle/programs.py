@@ -636,6 +636,12 @@ UNREDUCED += [
     _r("rd_times_number", X816 + [(4,)], DPTP + [()], [("dp", None)],
        "a pending sum times (2 * r + 1) with r reduced (JAX refuses a number beside a reduced value)",
        jax_refuses=JAX12_REPLICATED),
+    _r("rd_matmul", X816 + [(4, 3)], DPTP + [()], [("dp", None)],
+       "a pending sum @ a reduced weight, psum'd (JAX refuses dot_general of an unreduced operand)",
+       jax_refuses=JAX_DOT_GENERAL),
+    _r("rd_tanh", X816 + [(4,)], DPTP + [()], [("dp", None)],
+       "a pending sum times tanh(r), psum'd, with its gradient (tanh's derivative multiplies by a replicated "
+       "constant, which JAX refuses beside a reduced value)", jax_refuses=JAX12_REPLICATED),
     _r("rd_div", X816 + [()], DPTP + [()], [("dp", None)],
        "a pending sum divided by a reduced scalar, psum'd (JAX runs the forward, not the gradient)",
        jax_refuses=r"RHS should be reduced along the same axes LHS is unreduced on"),
