@@ -279,27 +279,29 @@ def special_op_rule(op: str, kind: str, operands: Sequence[tuple[object, AxisTyp
                                  [(shape, t.varying, t.unreduced) for shape, t in operands], roles, adds_number)
         if not reduced:
             return rule
+        kept = reduced - rule.unreduced - rule.result  # reduced axes that stay reduced: every value reduced there
+        _check_reduced_alike(op, kept, types, roles, where)
         sums, relabels = [], []
         for t, role, summed in zip(types, roles, rule.sums or [frozenset()] * len(types), strict=True):
-            outside = t.reduced - rule.unreduced - rule.result
-            if outside:
-                raise VmaError(f"`{op}` multiplies a value reduced over {sorted(outside)} into a pending sum over "
-                               f"{tuple(sorted(rule.unreduced))}, which is not reduced there; cast the reduced value "
-                               f"to varying first (fm.pcast(y, {_name(outside)}, to='varying')); {where}")
             sums.append(summed - t.reduced if role == "value" else summed)
             relabels.append(t.reduced & rule.result)
         return Rule(tuple(c - t.reduced for c, t in zip(rule.casts, types, strict=True)), rule.result,
-                    rule.unreduced, tuple(sums), relabels=tuple(relabels))
+                    rule.unreduced, tuple(sums), reduced=kept, relabels=tuple(relabels))
     varying = frozenset().union(*(t.varying for t in types))
-    for a in sorted(reduced - varying):
-        plain = [t for t, role in zip(types, roles, strict=True) if role == "value" and a not in t.reduced]
-        if plain:
+    _check_reduced_alike(op, reduced - varying, types, roles, where)
+    return Rule(tuple(varying - t.varying - t.reduced for t in types), varying, reduced=reduced - varying,
+                relabels=tuple((varying - t.varying) & t.reduced for t in types))
+
+
+def _check_reduced_alike(op: str, axes: frozenset[str], types: Sequence[AxisTypes], roles: Sequence[str],
+                         where: str) -> None:
+    """Every value operand is reduced over ``axes`` (a result reduced there), none merely invariant (JAX's rule)."""
+    for a in sorted(axes):
+        if any(role == "value" and a not in t.reduced for t, role in zip(types, roles, strict=True)):
             raise VmaError(f"`{op}` combines a value reduced over {a!r} (invariant, its gradient a pending sum) with "
                            f"one that is invariant there, whose gradient is no pending sum (implicit communication); "
                            f"cast it as well (fm.pcast(y, {a!r}, to='reduced')), or cast the reduced one to varying "
                            f"(fm.pcast(x, {a!r}, to='varying')); {where}")
-    return Rule(tuple(varying - t.varying - t.reduced for t in types), varying, reduced=reduced - varying,
-                relabels=tuple((varying - t.varying) & t.reduced for t in types))
 
 
 def _kind_op_rule(op: str, kind: str, operands: Sequence[tuple[object, AxisTypes]], roles: Sequence[str],
@@ -329,7 +331,10 @@ def _kind_op_rule(op: str, kind: str, operands: Sequence[tuple[object, AxisTypes
         raise VmaError(f"`{op}` uses a value pending a {k} as an index, shape or mask; end it with "
                        f"{_ENDS[k]}(x, {_name(axes)}) first; {where}")
     varying = frozenset().union(*(t.varying for t in types))
-    return Rule(tuple(varying - t.varying for t in types), varying, axes, kind=k)
+    reduced = frozenset().union(*(t.reduced for t in types)) - varying
+    _check_reduced_alike(op, reduced, types, roles, where)
+    return Rule(tuple(varying - t.varying - t.reduced for t in types), varying, axes, reduced=reduced, kind=k,
+                relabels=tuple((varying - t.varying) & t.reduced for t in types))
 
 
 def _default_over(varying: Sequence[frozenset[str]]) -> frozenset[str]:

@@ -223,3 +223,20 @@ def test_reduced_and_pending_max_regions_compile_in_one_graph(rm):
         torch.compile(fm.shard_map(lambda m: fm.pmax(m + m, "tp"), mesh=rm, in_specs=MAX_SPEC, out_specs=P()),
                       fullgraph=True)(partial(rm, "max"))
     torch._dynamo.reset()
+
+
+def test_a_pending_sum_that_is_also_reduced_over_another_axis(rm):
+    seen = {}
+    note = kept(seen)
+
+    def body(x, w):  # x varies over tp and is reduced over dp; w is invariant
+        r = fm.pcast(w, "dp", to="reduced")
+        u = note("u", fm.pcast(x * r, "tp", to="unreduced"))
+        note("u * 2", u * 2.0)
+        with pytest.raises(fm.VmaError, match=r"`Tensor\.mul` combines a value reduced over 'dp'"):
+            u * w  # w is merely invariant over dp
+        return fm.psum(u, "tp")
+
+    run(rm, body, torch.ones(4, 4), torch.ones(2), in_specs=(P(None, "tp", reduced={"dp"}), P()),
+        out_specs=P(reduced={"dp"}))
+    assert seen["u"] == seen["u * 2"] == fm.AxisTypes(NONE, unreduced=TP, reduced=DP)
