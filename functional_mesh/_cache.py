@@ -1,36 +1,9 @@
 """The process groups realize asks for, from birth to death: the one module that makes, lends,
 destroys and aborts them.
 
-One cache per process (``CACHE``), behind a lock, in two levels (see ``_realize.py``): an *axis
-key* (canonical layout, device list, device type, backend, options) maps to this rank's group of
-that axis; each group is held under its *ordered* member tuple (+ backend + options), so axes
-reached by different paths share groups. A group's whole life is here:
-
-- made: :meth:`GroupCache.realize_groups` (one ``new_group`` per missing member tuple, one
-  ``split_group`` for an axis, or the default group borrowed), and the default group itself when
-  realize starts the job (:func:`init_default`);
-- lent: size-1 axes have no group; the one-rank group lent to torch for them (``self_group``;
-  docs/design.md, "Size-1 axes") is made by the first realize call that needs it;
-- made by its members alone: a ``members_only`` realize call makes only this rank's groups,
-  with :func:`_torch.local_group`, under a name derived from the ordered member tuple, the
-  settings and how many such groups this process made for that tuple before (never from torch's
-  process-wide group count, which differs between members with different histories);
-- adopted: a group the caller made (``realize(groups=...)``) is handed to the handle and never
-  enters the cache: it is neither destroyed nor aborted here;
-- destroyed: :func:`clear_cache`;
-- aborted: :func:`abort_all` (``fm.abort``), or only those holding given ranks
-  (:func:`abort_holding`, ``fm.abort(ranks=...)``): every other group stays cached and is reused;
-- retired on failure: a group on which a collective raised (:func:`retire_failed`) leaves the
-  cache at once and is aborted (the default group is only flagged: it is the job's), and a mark
-  in the default store tells its other members, who drop it at their next checked realize
-  (:func:`read_failures`, after the check: every member's marks are written by then).
-
-``epoch`` counts :func:`clear_cache` and :func:`abort_all` calls: a realized mesh from an older
-epoch refuses to be used, and ``ended`` says how its groups ended. Inspect the cache with
-:func:`cache_info`. The decisions carried out here (which method makes a group) are pure
-functions of ``_realize_plan.py``.
-
-Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
+One cache per process (``CACHE``), in two levels; a group's life (made, lent, made by its members
+alone, adopted, destroyed, aborted, retired on failure) and the epochs: docs/design.md, "The cache".
+Which method makes a group is decided by the pure ``_realize_plan.py``.
 """
 
 from __future__ import annotations
@@ -562,10 +535,8 @@ def cache_info() -> CacheInfo:
 def clear_cache() -> None:
     """Destroy every process group realize created (and no other), and forget all keys.
 
-    Realized meshes from before the call raise ``MeshError`` when used; ``realize`` makes fresh
-    groups afterwards. The default group and groups made by anyone else are left alone. A group
-    torch no longer knows (``dist.destroy_process_group()`` without a group already destroyed
-    every group) is only forgotten. Call it on every rank, before ``dist.destroy_process_group()``.
+    Realized meshes from before the call raise ``MeshError`` when used. A group torch no longer
+    knows is only forgotten. Call it on every rank, before ``dist.destroy_process_group()``.
 
     Examples:
         >>> import torch.distributed as dist

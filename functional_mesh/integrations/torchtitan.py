@@ -1,43 +1,11 @@
 """torchtitan's ``ParallelDims`` over one functional_mesh family (torchtitan 0.3.0).
 
-torchtitan 0.3 builds its meshes in ``ParallelDims.build_mesh``: a 1-D world ``DeviceMesh``,
-unflattened (torch's private ``_unflatten``) once per *view* -- "dataloading" (pp, batch, cp, tp),
-"dense" (its axes depend on ``spmd_backend``), "sparse" (pp, dp_replicate, efsdp, ep) -- plus
-"loss", a ``_flatten`` of dataloading's (batch, cp). Every unflatten makes fresh process groups
-for every axis, fake-backend ones for the axes torchtitan never talks over, so the same rank sets
-get groups again and again: for HSDP 2 x 2 x TP 2 on 8 ranks, 66 ``new_group`` calls per rank
-under "partial_dtensor" for 14 distinct real groups.
-
-Here every view is a pure :class:`~functional_mesh.Mesh` derived from one world mesh
-(:func:`mesh_family`), realized through the group cache, so each distinct group is made once and
-the axes torchtitan keeps on its fake backend are left out (``realize(..., axes=)``) where this
-functional_mesh can build a torch mesh without them. The views' torch meshes
-(``rm.device_mesh`` and torch slices of it, which create no group) go into torchtitan's
-``ParallelDims`` through the smallest override there is, since ``ParallelDims`` has no hook for
-its meshes: a subclass whose ``build_mesh`` fills the attributes torchtitan's own fills, then runs
-torchtitan's own checks (``_validate_meshes``) and SPMD-mesh choice (``get_activated_mesh``).
-torchtitan's public hook for *which* ``ParallelDims`` a run uses is ``Trainer.init_distributed``::
-
-    from functional_mesh.integrations import torchtitan as fm_titan
-
-    class Trainer(torchtitan.trainer.Trainer):
-        def init_distributed(self):
-            return fm_titan.adopt(super().init_distributed())
-
-or, without the trainer, ``fm_titan.parallel_dims(world_size=8, dp_replicate=2, dp_shard=2,
-tp=2, spmd_backend="full_dtensor")``. torchtitan is imported only when one of these runs, and
-only a version listed in :data:`TESTED_VERSIONS` is accepted (``MeshError`` otherwise).
-
-:func:`mesh_family` is pure (no torch, no torchtitan): it says which mesh value stands for each
-view and which of its axes get groups::
-
-    >>> family = mesh_family(world_size=8, dp_replicate=2, dp_shard=2, tp=2, spmd_backend="partial_dtensor")
-    >>> for name, view in family.views.items():
-    ...     print(f"{name:<12} {view.mesh}  groups for {view.real}")
-    dataloading  Mesh(pp=1, batch=4, cp=1, tp=2)  groups for ('batch', 'tp')
-    loss         Mesh(loss_mesh=4; 2 groups over devices 0..7)  groups for ('loss_mesh',)
-    dense        Mesh(pp=1, dp_replicate=2, fsdp=2, tp=2)  groups for ('dp_replicate', 'fsdp', 'tp')
-    sparse       Mesh(pp=1, dp_replicate=2, efsdp=4, ep=1)  groups for ('dp_replicate',)
+Every torchtitan view is a pure :class:`~functional_mesh.Mesh` derived from one world mesh
+(:func:`mesh_family`), realized through the group cache, so each distinct group is made once;
+:func:`adopt` (in ``Trainer.init_distributed``) or :func:`parallel_dims` hands torchtitan their torch
+meshes through a ``ParallelDims`` subclass whose ``build_mesh`` alone is ours. Which value is which
+view, the override and what it saves: docs/torchtitan.md. torchtitan is imported only when one of
+these runs, and only a version in :data:`TESTED_VERSIONS` is accepted.
 """
 
 from __future__ import annotations
