@@ -1,37 +1,9 @@
 """The pure plan of a reshard across two meshes: who sends which block of the global tensor to whom, and when.
 
-:func:`plan_reshard` takes a source and a destination :class:`~functional_mesh.NamedSharding` (on any
-two meshes: disjoint, overlapping, or the same devices in another order), a global shape and a dtype,
-and returns a :class:`ReshardPlan`: a value that answers, for one rank, what it receives and what it
-sends (:meth:`ReshardPlan.receives`, :meth:`ReshardPlan.sends`), each a tuple of moves (:class:`Move`).
-
-Everything is computed from the two layouts, never by listing the world (the block arithmetic is
-:mod:`~functional_mesh._reshard_blocks`; this module makes the moves and the plan of it):
-
-- per dim, the source pieces that meet a destination block are found by descending the source's
-  nested chunk tree (``torch.chunk``'s rule, the same as :func:`~functional_mesh._sharding.chunk_block`),
-  visiting only the pieces that meet it;
-- a piece held by several source replicas (mesh axes that split no dim) is sent by one of them,
-  picked arithmetically: the receiver's rank among the receivers of that piece, plus an offset per
-  piece, modulo the number of replicas, so the replicas share the sending;
-- with ``relays=True``, the destination's replicas (its mesh axes that split no dim) forward each
-  piece to each other in a doubling tree (stage 1, 2, ...), so the source sends each byte once per
-  distinct destination block; piece ``k`` of the ``p`` meeting a block has its tree rooted at replica
-  ``(k * R) // p`` of its ``R`` replicas, so the roots lie evenly apart and each replica forwards about one
-  block.
-
-A destination rank that holds a piece in the source copies it locally (a move to itself) and
-receives it from no one; it still forwards it in the tree, in stage 0 (it holds it in the source). ``bytes_moved`` is then the lower bound:
-what every destination rank needs minus what it already holds.
-
-Examples:
-    >>> src = fm.NamedSharding(fm.make_mesh((2,), ("tp",)), fm.P("tp"))
-    >>> dst = fm.NamedSharding(fm.make_mesh((2,), ("dp",), devices=range(2, 4)), fm.P())
-    >>> plan = fm.plan_reshard(src, dst, (4,), "float32")
-    >>> plan.receives(3)          # piece 1 straight from its holder, piece 0 relayed by rank 2
-    (Move(1 -> 3, [2:4], stage 0, 8 bytes), Move(2 -> 3, [0:2], stage 1, 8 bytes))
-    >>> plan.bytes_moved, plan.max_send_bytes, plan.stages
-    (32, 8, 2)
+:func:`plan_reshard` returns a :class:`ReshardPlan`, which answers for one rank what it receives and
+sends (moves, :class:`Move`), computed from the two layouts (the block arithmetic: ``_reshard_blocks``),
+never by listing the world. How (pieces, local copies, source replicas sharing the sending, relay
+trees): docs/across_meshes.md, "The plan".
 """
 
 from __future__ import annotations
