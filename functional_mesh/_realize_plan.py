@@ -1,11 +1,7 @@
 """realize's decisions, as pure functions of their inputs (no torch, no process group).
 
-:func:`plan` makes the whole plan of one :func:`functional_mesh.realize` call before any effect,
-one frozen :class:`RealizePlan`: every argument checked, each axis's settings resolved (backend,
-device type, timeout, options), the default group's start-up from the torchrun environment when
-none exists, the families to realize and the text the ranks compare. The pieces it is made of
-(and how an axis's missing groups are made, and the log lines of a call) are functions here too.
-``tests/unit/test_realize_decisions.py`` tests them as tables; ``_realize.py`` carries a plan out.
+:func:`plan` makes one frozen :class:`RealizePlan` of a :func:`functional_mesh.realize` call before any
+effect (docs/design.md, "One plan, then its effects"); ``_realize.py`` carries it out.
 """
 
 from __future__ import annotations

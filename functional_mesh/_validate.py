@@ -1,14 +1,8 @@
 """Converters and checks for user input, shared by every layer (pure: no torch).
 
-Two kinds, named by what they do (docs/design.md, "House rules"):
-
-- ``as_*(api, ...)`` *converts*: it returns the value in its normal form (an ``int``, a tuple
-  of names, an int64 array) or raises;
-- ``check_*(api, ...)`` *checks*: it returns nothing and raises on bad input.
-
-Wrong types raise ``TypeError``, bad values ``MeshError``; every message follows the house
-template of :func:`functional_mesh._errors.requires` and names ``api``, the public call the
-user made.
+``as_*(api, ...)`` converts (returns the normal form or raises), ``check_*(api, ...)`` raises on bad
+input (docs/design.md, "House rules"): ``TypeError`` for a wrong type, ``MeshError`` for a bad value,
+phrased by :func:`functional_mesh._errors.requires` and naming ``api``.
 """
 
 from __future__ import annotations
