@@ -1,12 +1,7 @@
 """Pure integer layout algebra in the spirit of CuTe, linearised row-major.
 
-A layout is a function from a flat coordinate ``i`` in ``[0, size)`` to an index: write ``i``
-in the mixed radix of ``shape`` (row-major: the *last* mode varies fastest, torch's
-convention, unlike CuTe's column-major one) and take the dot product of those digits with
-``stride``. ``Layout((2, 3), (6, 1))`` maps ``0..5`` to ``0, 1, 2, 6, 7, 8``.
-
-Layouts are kept canonical (see :func:`coalesce`), so equal functions are equal values. Every
-function is O(number of modes), except the enumerations, which build only the array they return.
+Layouts are kept canonical (:func:`coalesce`), so equal functions are equal values; what a layout
+computes: docs/design.md, "Ranks and layouts".
 """
 
 from __future__ import annotations
@@ -338,11 +333,6 @@ def complement(layout: Layout, n: int) -> Layout:
     Examples:
         >>> complement(Layout(2, 4), 8)                     # dp of (dp=2, tp=4): one group per tp
         Layout(4:1)
-        >>> complement(Layout((2, 2), (1, 1)), 8)
-        Traceback (most recent call last):
-        ...
-        functional_mesh.MeshError: `complement` requires a layout whose modes do not overlap and are aligned
-        (each stride a multiple of the span below it), but got layout=(2,2):(1,1)
     """
     n = as_int("complement", "n", n)
     return canonical_layout(complement_modes(layout.modes, n, layout))
@@ -369,11 +359,6 @@ def composition(outer: Layout, inner: Layout) -> Layout:
     Examples:
         >>> composition(Layout((2, 4), (1, 2)), Layout(4, 2))   # every 2nd coordinate
         Layout((2,2):(1,4))
-        >>> composition(Layout(4, 1), Layout(3, 2))
-        Traceback (most recent call last):
-        ...
-        functional_mesh.MeshError: `composition` requires the inner layout to stay inside the outer layout's 4
-        coordinates, but got inner=3:2 (cosize 5) for outer=4:1
     """
     if inner.cosize > outer.size:
         raise MeshError(

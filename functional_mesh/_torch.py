@@ -649,19 +649,9 @@ _REGION_TRACE: list[str | None] = []  # the probe's answer, once known
 def region_trace_failure() -> str | None:
     """Why this torch's dynamo cannot trace a ``shard_map`` region (``None`` where it can).
 
-    A feature probe, run once per process on the first compiled region and cached: it compiles a
-    miniature of what a region does while tracing (:func:`_probe_region`) with the ``eager``
-    backend and ``fullgraph=True``, and answers dynamo's error, type and first line, if that
-    fails. Measured: torch 2.11's dynamo cannot take an unknown object as an argument of an
-    ``assume_constant_result`` function (``AsPythonConstantNotImplementedError``), 2.12's cannot
-    test membership in a frozenset a constant holds (an internal ``NotImplementedError`` from
-    making its guard); 2.13 traces both, and a whole region. No attribute or signature of torch
-    tells these apart, and the release number is no feature; so the probe asks dynamo. Called
-    while torch.compile traces (a compile inside a trace, which dynamo allows); it costs nothing
-    at import or on an eager call, and the first compiled region pays one small compile, at most
-    a second or two (0.2-0.4 s measured on 2.11.0, 2.12.1 and 2.13.0). It leaves no trace in
-    what a program reads of dynamo: ``torch._dynamo.utils.counters`` (graphs, graph breaks) and
-    the event stacks of the trace around it are put back as they were.
+    A feature probe, run once per process on the first compiled region, inside its trace, and cached:
+    it compiles a miniature of a region (:func:`_probe_region`) and answers dynamo's error, type and
+    first line. What it finds on 2.11 and 2.12, and what it costs: docs/design.md, "Torch versions".
     """
     if not _REGION_TRACE:
         global _PROBE_PLAN_OF
