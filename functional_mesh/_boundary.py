@@ -1,19 +1,8 @@
 """The boundary of a ``shard_map`` region: what enters as the local tensors, what leaves as DTensors.
 
-- in: every tensor argument must fit its in_spec (a rank at least the spec's length, every
-  sharded dim divisible by the size of its axes; else one ``MeshError`` listing every misfit, each
-  with the parameter of ``f`` it is bound to, and the mesh); a DTensor whose sharding is the spec
-  gives its local tensor; a plain tensor is the full value, sliced here without communication (its
-  gradient is gathered back to the full shape);
-- out: every result must be invariant over the axes its out_spec does not name (else one
-  ``VmaError`` listing every failing result, with the fix for each); a result invariant over a
-  named axis is cast to vary (backward ``psum``); each becomes a DTensor on ``rm.device_mesh``.
-
-What the boundary does for one spec on one mesh is a :class:`_Plan`, made once per mesh value and
-kept by the handle; under torch.compile the plans are constants of the trace, and the compiled code
-holds the slices, casts and DTensor constructors only. Eagerly a DTensor argument that needs a
-gradient enters through :class:`_Local` and a result leaves through :class:`_Global`, cheaper than
-``to_local``/``from_local``, which derive the DTensor spec anew at every call.
+In: each argument fits its in_spec (else one ``MeshError`` listing every misfit); out: each result is
+invariant over the axes its out_spec leaves out (else one ``VmaError``). One :class:`_Plan` per spec
+and mesh; :class:`_Local` and :class:`_Global` for DTensors eagerly (docs/design.md, "Typed regions").
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The interpreter of a typed ``shard_map`` region: a ``TorchFunctionMode`` that types every torch op.
 
-For each op it asks the tables (``_op_rules`` for torch functions, ``_collectives`` for ours), takes
-the rule (``_vma``: the default rule, or the exception's), inserts the implicit casts the rule asks
-for before the op runs (:meth:`_region.Region.cast`), runs it and records the result's type. It never
-names a particular op or collective.
-
-What it costs eagerly: the common op (tensors and scalars, positional or scalar keyword arguments,
-nothing written, nothing drawn) is one table lookup and one pass of :func:`_operand_types` over its
-arguments, one attribute read per tensor; operands of one type need no rule at all, operands of
-several types take the default rule's answer cached per operand types, and each cast's cached
-tensor. Every other op takes the general path (:meth:`TypedMode._typed`).
+For each op: the tables' rule (``_op_rules``, ``_collectives``; ``_vma``'s default otherwise), the
+casts it asks for (:meth:`_region.Region.cast`), the op, the result's type; it never names an op or
+a collective. One scan of the operands (:func:`_operand_types`) serves the common op; every other
+takes :meth:`TypedMode._typed` (docs/design.md, "Type rules" and "Eager cost").
 """
 
 from __future__ import annotations

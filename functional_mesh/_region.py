@@ -1,17 +1,9 @@
 """A ``shard_map`` region's state: its mesh, the types of its tensors, the casts it made, its collectives.
 
-One :class:`Region` per call of a mapped function. Eagerly a tensor's type is an attribute of the
-tensor (a :class:`Tag` naming the region, under :data:`TAG`): one attribute read per operand is the
-cheapest lookup there is, a tensor the region never typed (made outside, or by an earlier region)
-reads as invariant, and :meth:`Region.close` removes the tags from every tensor the boundary handed
-in, as the boundary does from every result, so none is seen outside. Under torch.compile the types
-are a plain dict of the traced tensors, which dynamo tracks: they are decided while tracing and are
-no part of the compiled code.
-
-The region applies each collective's record (``_collectives``): its rule, the cast the rule asks
-for, its result's type, and what an out_specs error should suggest of that result (the record's
-``fix``). It names no collective of its own but the implicit cast (``pvary``: identity forward,
-``psum`` backward), which it makes itself.
+One :class:`Region` per call of a mapped function; eagerly a tensor's type is a :class:`Tag` on it
+(under :data:`TAG`), under torch.compile a dict of the trace, and :meth:`Region.close` removes the
+tags the boundary handed in. It applies each collective's record and names none but the implicit
+``pvary`` cast (docs/design.md, "Type rules").
 """
 
 from __future__ import annotations

@@ -1,28 +1,8 @@
 """``shard_map``: a function written for one shard, mapped over a realized mesh, typed by axis name.
 
-The call is here: resolve the mesh, open a region, enter the arguments, run ``f`` (under the
-interpreter when typed), check its pending results were waited for, and exit the results. Its
-parts live in three rooms beside this one (docs/design.md, "Type rules"):
-
-- ``_region``: a region's state: its mesh, the types of its tensors (eagerly a tag on each
-  tensor, under torch.compile a dict of the trace), the implicit casts it made, and how it applies
-  each collective's record;
-- ``_interpret``: the interpreter of a typed region, a ``TorchFunctionMode`` that asks the tables
-  (``_op_rules``, ``_collectives``) for each op's rule, inserts the casts the rule asks for, runs
-  the op and records the result's type; it never names a particular op or collective;
-- ``_boundary``: what enters (a full tensor's local block, a DTensor's local tensor, every misfit
-  of in_specs in one error) and what leaves (the checks of out_specs, the DTensors), by plans made
-  once per spec and mesh.
-
-What a region costs eagerly: a typed one, one table lookup and one attribute read per operand
-for the common op (operands of one type, nothing written, nothing drawn), whose answer needs no
-rule at all; other ops take the general path, with the default rule's answers cached per operand
-types. An untyped region installs no mode: its ops are plain torch, and only the collectives ask
-for the open region (JAX's untyped gradient convention). Under torch.compile the whole region is
-traced: the types, the table's answers and the boundary's plans are decided while tracing, and
-the compiled code holds the ops, casts and collectives only.
-
-Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
+The call is here (resolve the mesh, open a region, enter the arguments, run ``f``, check its pending
+results were waited for, exit the results); its three rooms, ``_region``, ``_interpret`` and
+``_boundary``, and what a region costs: docs/design.md, "Type rules" and "Eager cost".
 """
 
 from __future__ import annotations
