@@ -35,10 +35,8 @@ _CURRENT: ContextStack[RealizedMesh] = ContextStack("functional_mesh_current", s
 def current_mesh() -> RealizedMesh | None:
     """The innermost ``with rm:`` mesh of this thread or asyncio task, or ``None``.
 
-    Every axis-name function (``fm.psum``, ``fm.shard_map``, ``fm.distribute``, ...) called with
-    ``mesh=None`` uses it. Under ``torch.compile``: the innermost ``with rm:`` of the process
-    (enter it outside the compiled function; threads that enter different meshes should pass
-    ``mesh=`` instead).
+    Every axis-name function called with ``mesh=None`` uses it; under ``torch.compile``, the innermost
+    of the process (docs/design.md, "torch.compile": threads with different meshes pass ``mesh=``).
 
     Returns:
         The realized mesh of the innermost enclosing ``with rm:`` block, or ``None`` outside any.

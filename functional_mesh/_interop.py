@@ -220,9 +220,6 @@ def reshard(x: Any, sharding: Any, *, mesh: Any = None, async_op: bool = False,
         >>> y = fm.reshard(x, fm.NamedSharding(mesh, P()))  # an all-gather over tp
         >>> fm.sharding_of(y), y.to_local().shape
         (NamedSharding(Mesh(dp=2, tp=4), P()), torch.Size([8]))
-        >>> with rm:
-        ...     fm.sharding_of(fm.reshard(x, P("dp")))  # a bare spec: on the current mesh
-        NamedSharding(Mesh(dp=2, tp=4), P('dp'))
     """
     if isinstance(x, DTensor) and not async_op and bucket_bytes is None:
         target = _as_sharding(sharding, mesh)

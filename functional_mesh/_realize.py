@@ -68,25 +68,19 @@ def realize(
         axes: the axes to make groups for (default: all).
         members_only: only the mesh's ranks call it; each makes only its own groups.
         groups: ``{axis or product: process_group}``: the caller's groups to use, never destroyed.
-
-    ``backend``, ``timeout`` and ``pg_options`` also take a mapping from an axis name (or a product)
-    to a value; they are part of the cache key and of the check.
+        (``backend``, ``timeout`` and ``pg_options`` also take ``{axis or product: value}``.)
 
     Returns:
         The realized mesh: ``rm.group("tp")``, ``rm.coordinate``, ``rm.device_mesh``, ...
 
     Raises:
         TypeError: ``mesh`` is not a ``Mesh``, or an argument has the wrong type.
-        MeshError: a device is not a rank of the world; a backend or device type is not available;
-            a per-axis key names no axis (or product); the ranks asked for different requests or
-            one never arrived (``check``); a member died while the groups were made; the start-up
-            failed; with ``members_only``, this rank is not in the mesh or there is no default
-            group; an adopted group's key, size or rank position is not the axis's.
+        MeshError: a device not in the world, a backend or device type not available, a per-axis key
+            naming no axis, ranks that differ or never arrive (``check``), a member that died, a
+            failed start-up, a misused ``members_only`` or a misfit adopted group (docs/realize.md).
 
     Examples:
-        ``rm`` is ``fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))`` in one process standing in as
-        rank 5 of 8 on torch's fake backend (docs/api.md, "Examples"); a real job runs under
-        torchrun, where realize starts the default group itself:
+        ``rm`` is ``fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))`` as rank 5 of 8 (docs/api.md, "Examples"):
 
         >>> import torch.distributed as dist
         >>> rm

@@ -373,8 +373,7 @@ class ReshardPlan(Frozen):
     def sends(self, rank: int) -> tuple[Move, ...]:
         """What ``rank`` sends, local copies included, in the canonical order of :attr:`Move.key`.
 
-        Filtering ``sends(a)`` by ``dst_rank == b`` gives the moves of ``receives(b)`` from ``a``, in the
-        same order. O(moves sent), whatever the world size.
+        O(moves sent), whatever the world size.
 
         Args:
             rank: a global rank (one of neither mesh sends nothing).
@@ -618,7 +617,7 @@ def plan_reshard(src: NamedSharding, dst: NamedSharding, shape: Sequence[int], d
                  relays: bool = True) -> ReshardPlan:
     """The plan that turns a tensor sharded as ``src`` into one sharded as ``dst``, on any two meshes.
 
-    Pure: no torch, no communication; how the moves are chosen is the module docstring's.
+    Pure: no torch, no communication; how the moves are chosen: docs/across_meshes.md, "The plan".
 
     Args:
         src: the source sharding (on a mesh of one group; nothing unreduced).
@@ -643,12 +642,6 @@ def plan_reshard(src: NamedSharding, dst: NamedSharding, shape: Sequence[int], d
         ...                        (4, 4), "float32")
         >>> plan.receives(1)          # rows 2:4; rank 1 holds none of them
         (Move(2 -> 1, [2:4, 0:2], stage 0, 16 bytes), Move(3 -> 1, [2:4, 2:4], stage 0, 16 bytes))
-        >>> fm.plan_reshard(fm.NamedSharding(mesh, fm.P("dp")), fm.NamedSharding(mesh["tp"], fm.P()), (4,), "int8")
-        Traceback (most recent call last):
-        ...
-        functional_mesh.MeshError: `plan_reshard` requires a dst mesh of one group (a family such as mesh['tp']
-        holds one copy per group: plan each group's reshard on the group's own mesh), but got
-        dst.mesh=Mesh(tp=2; 2 groups over devices 0..3)
     """
     api = "plan_reshard"
     src = _check_sharding(api, "src", src)

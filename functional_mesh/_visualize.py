@@ -98,19 +98,16 @@ def visualize(mesh: Mesh | ReshardPlan, axis: str | None = None, *, color: bool 
         TypeError: a ``mesh`` that is not a ``Mesh`` or ``ReshardPlan``, or a ``color`` that is not a bool.
 
     Examples:
-        >>> print(fm.visualize(fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))["cp", "tp"]))
-        Mesh(cp=2, tp=2; 2 groups over devices 0..7): 8 devices
+        >>> print(fm.visualize(fm.make_mesh((2, 2), ("dp", "tp"))["tp"]))
+        Mesh(tp=2; 2 groups over devices 0..3): 4 devices
         group 0
-              tp=0  tp=1
-        cp=0  0     1
-        cp=1  2     3
+          tp=0  tp=1
+          0     1
         group 1
-              tp=0  tp=1
-        cp=0  4     5
-        cp=1  6     7
+          tp=0  tp=1
+          2     3
         groups of each axis:
-          cp  size 2, 4 groups: [0 2] [1 3] [4 6] [5 7]
-          tp  size 2, 4 groups: [0 1] [2 3] [4 5] [6 7]
+          tp  size 2, 2 groups: [0 1] [2 3]
     """
     api = "visualize"
     if isinstance(mesh, ReshardPlan):
@@ -262,16 +259,11 @@ def visualize_sharding(sharding: NamedSharding, global_shape: Sequence[int], *, 
         TypeError: a ``sharding`` that is not a ``NamedSharding``, or a bad shape or ``color``.
 
     Examples:
-        >>> mesh = fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))
-        >>> print(fm.visualize_sharding(fm.NamedSharding(mesh, fm.P(("dp", "cp"), "tp")), (5, 6)))
-        NamedSharding(Mesh(dp=2, cp=2, tp=2), P(('dp', 'cp'), 'tp')) of shape (5, 6): shard shape (2, 3)
-        dim 0 splits 5 over dp×cp=4 into 2, 1, 1, 1 (uneven)
-        dim 1 splits 6 over tp=2 into 3, 3
-             0:3  3:6
-        0:2  0    1
-        2:3  2    3
-        3:4  4    5
-        4:5  6    7
+        >>> print(fm.visualize_sharding(fm.NamedSharding(fm.make_mesh((2, 2), ("dp", "tp")), fm.P("tp")), (3,)))
+        NamedSharding(Mesh(dp=2, tp=2), P('tp')) of shape (3,): shard shape (2,)
+        dim 0 splits 3 over tp=2 into 2, 1 (uneven)
+          0:2  2:3
+          0 2  1 3
     """
     api = "visualize_sharding"
     if not isinstance(sharding, NamedSharding):

@@ -120,12 +120,6 @@ def mesh_family(*, world_size: int, dp_replicate: int = 1, dp_shard: int = -1, c
         >>> family = mesh_family(world_size=8, dp_replicate=2, dp_shard=2, tp=2, spmd_backend="full_dtensor")
         >>> family.views["dense"].mesh, family.views["dense"].real
         (Mesh(pp=1, dp_replicate=2, dp_shard=2, cp=1, tp=2), ('dp_replicate', 'dp_shard', 'tp'))
-        >>> mesh_family(world_size=8, dp_shard=2, cp=2, tp=2, spmd_backend="full_dtensor").views["dense"].products
-        (('dp_shard', 'cp'),)
-        >>> mesh_family(world_size=8, dp_shard=3, tp=2)
-        Traceback (most recent call last):
-        ...
-        functional_mesh.MeshError: `functional_mesh.integrations.torchtitan.mesh_family` requires degrees whose product is world_size=8, but got pp=1 * dp_replicate=1 * dp_shard=3 * cp=1 * tp=2 = 6
     """
     api = f"{_API}.mesh_family"
     world_size = _degree(api, "world_size", world_size)
