@@ -96,6 +96,22 @@ def _zeros(like: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(like)  # eagerly nothing moves, and zeros_like costs ~6 us less
 
 
+class _Communicates:
+    """The :class:`Step` flags of a step that communicates and whose transpose is a node of ours: the
+    base, after its fields (a ``NamedTuple``), of every step but :class:`AllReduce`."""
+
+    __slots__ = ()
+    local = False
+    grad_by_torch = False
+
+
+class _Silent(_Communicates):
+    """The flags of a step that never communicates (:class:`Identity`, :class:`Slice`, :class:`Arrived`)."""
+
+    __slots__ = ()
+    local = True
+
+
 class AllReduce(NamedTuple):
     """The reduction ``op`` (``"sum"``, ``"max"``, ``"min"``) over the group, the same on every member.
 
@@ -133,18 +149,14 @@ class AllReduce(NamedTuple):
         return Identity(self.group)
 
 
-class Identity(NamedTuple):
-    """``x`` itself, as a new tensor (pvary's forward). Transpose: the sum over the group (:class:`AllReduce`)."""
-
+class _Identity(NamedTuple):
     group: Any
 
-    @property
-    def local(self) -> bool:
-        return True
 
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+class Identity(_Identity, _Silent):
+    """``x`` itself, as a new tensor (pvary's forward). Transpose: the sum over the group (:class:`AllReduce`)."""
+
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         return x.view_as(x)
@@ -165,7 +177,14 @@ def _back(y: torch.Tensor, dim: int) -> torch.Tensor:
     return y if dim == 0 else y.movedim(0, dim)
 
 
-class Gather(NamedTuple):
+class _Gather(NamedTuple):
+    group: Any
+    n: int
+    dim: int
+    index: int | None = None  # type: ignore[assignment]  # a field named as tuple.index, which it hides
+
+
+class Gather(_Gather, _Communicates):
     """Every member's ``x`` along ``dim``, in group-rank (= mesh) order.
 
     Transpose: the cotangent varies over the members (``index`` None): :class:`Scatter`, the sum
@@ -173,18 +192,7 @@ class Gather(NamedTuple):
     this member's position, given: all_gather(to="invariant")): :class:`Slice`, this member's block.
     """
 
-    group: Any
-    n: int
-    dim: int
-    index: int | None = None  # type: ignore[assignment]  # a field named as tuple.index, which it hides
-
-    @property
-    def local(self) -> bool:
-        return False
-
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
@@ -203,23 +211,19 @@ class Gather(NamedTuple):
         return Slice(self.group, self.n, self.dim, self.index)
 
 
-class Scatter(NamedTuple):
-    """The reduction ``op`` over the members, this member's ``1/n`` block of ``dim``.
-
-    Transpose (``sum``): :class:`Gather`, every member's block of the cotangent."""
-
+class _Scatter(NamedTuple):
     group: Any
     n: int
     dim: int
     op: str = "sum"
 
-    @property
-    def local(self) -> bool:
-        return False
 
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+class Scatter(_Scatter, _Communicates):
+    """The reduction ``op`` over the members, this member's ``1/n`` block of ``dim``.
+
+    Transpose (``sum``): :class:`Gather`, every member's block of the cotangent."""
+
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
@@ -238,25 +242,21 @@ class Scatter(NamedTuple):
         return Gather(self.group, self.n, self.dim)
 
 
-class Slice(NamedTuple):
+class _Slice(NamedTuple):
+    group: Any
+    n: int
+    dim: int
+    index: int  # type: ignore[assignment]  # a field named as tuple.index, which it hides
+
+
+class Slice(_Slice, _Silent):
     """This member's block ``index`` of ``n`` along ``dim``, without communication (never a view).
 
     Transpose: :class:`Gather` with ``index`` (every member's block of a cotangent of a value
     that was the same on every member).
     """
 
-    group: Any
-    n: int
-    dim: int
-    index: int  # type: ignore[assignment]  # a field named as tuple.index, which it hides
-
-    @property
-    def local(self) -> bool:
-        return True
-
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         size = x.shape[self.dim] // self.n
@@ -266,22 +266,18 @@ class Slice(NamedTuple):
         return Gather(self.group, self.n, self.dim, self.index)
 
 
-class Exchange(NamedTuple):
-    """Block ``i`` of ``split_dim`` to member ``i``; the blocks that arrive, side by side along
-    ``concat_dim`` in member order. Transpose: the inverse exchange (the two dims swapped)."""
-
+class _Exchange(NamedTuple):
     group: Any
     n: int
     split_dim: int
     concat_dim: int
 
-    @property
-    def local(self) -> bool:
-        return False
 
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+class Exchange(_Exchange, _Communicates):
+    """Block ``i`` of ``split_dim`` to member ``i``; the blocks that arrive, side by side along
+    ``concat_dim`` in member order. Transpose: the inverse exchange (the two dims swapped)."""
+
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
@@ -306,21 +302,17 @@ class Exchange(NamedTuple):
         return Exchange(self.group, self.n, self.concat_dim, self.split_dim)
 
 
-class Ragged(NamedTuple):
-    """Rows of dim 0 by split sizes: ``sent[j]`` rows to member ``j``, ``got[j]`` from member ``j``
-    (in member order). Transpose: the same exchange with the sizes swapped."""
-
+class _Ragged(NamedTuple):
     group: Any
     sent: tuple[int, ...]
     got: tuple[int, ...]
 
-    @property
-    def local(self) -> bool:
-        return False
 
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+class Ragged(_Ragged, _Communicates):
+    """Rows of dim 0 by split sizes: ``sent[j]`` rows to member ``j``, ``got[j]`` from member ``j``
+    (in member order). Transpose: the same exchange with the sizes swapped."""
+
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
@@ -337,23 +329,19 @@ class Ragged(NamedTuple):
         return Ragged(self.group, self.got, self.sent)
 
 
-class Permute(NamedTuple):
-    """Send to ``d`` for each ``(me, d)`` in ``pairs``, receive from ``s`` for each ``(s, me)``;
-    a member that receives nothing gets zeros. One all-to-all with empty blocks, over ``n`` members.
-    Transpose: the inverse permutation."""
-
+class _Permute(NamedTuple):
     group: Any
     n: int
     me: int
     pairs: tuple[tuple[int, int], ...]
 
-    @property
-    def local(self) -> bool:
-        return False
 
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+class Permute(_Permute, _Communicates):
+    """Send to ``d`` for each ``(me, d)`` in ``pairs``, receive from ``s`` for each ``(s, me)``;
+    a member that receives nothing gets zeros. One all-to-all with empty blocks, over ``n`` members.
+    Transpose: the inverse permutation."""
+
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:  # one member: (0, 0) sends x to itself; no pair sends nothing
@@ -386,21 +374,17 @@ class Permute(NamedTuple):
         return Permute(self.group, self.n, self.me, tuple((d, s) for s, d in self.pairs))
 
 
-class PointToPoint(NamedTuple):
-    """ppermute over a tuple of axes without its product group: point to point between global
-    ranks (``members``, in axis order), eager only. Transpose: the inverse permutation."""
-
+class _PointToPoint(NamedTuple):
     members: tuple[int, ...]
     me: int
     pairs: tuple[tuple[int, int], ...]
 
-    @property
-    def local(self) -> bool:
-        return False
 
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+class PointToPoint(_PointToPoint, _Communicates):
+    """ppermute over a tuple of axes without its product group: point to point between global
+    ranks (``members``, in axis order), eager only. Transpose: the inverse permutation."""
+
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         return _torch.wait(*self.start(x))
@@ -449,23 +433,19 @@ class _Works:
 # written out where that saves a call on the eager hot path (psum).
 
 
-class Arrived(NamedTuple):
+class _Arrived(NamedTuple):
+    step: AsyncStep
+    arrived: torch.Tensor
+
+
+class Arrived(_Arrived, _Silent):
     """``step``, whose communication was started earlier and whose buffer ``arrived``: ``run`` only finishes it.
 
     Local (nothing left to communicate, so the debug check skips its forward); its transpose is
     ``step``'s, so the gradient is the blocking call's.
     """
 
-    step: AsyncStep
-    arrived: torch.Tensor
-
-    @property
-    def local(self) -> bool:
-        return True
-
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+    __slots__ = ()
 
     @property
     def group(self) -> Any:
