@@ -37,10 +37,8 @@ _FAILED_PREFIX = "functional_mesh/failed"
 class CacheInfo(NamedTuple):
     """The group cache's counters, as :func:`cache_info` returns them (all 0 after :func:`clear_cache`).
 
-    Attributes:
-        hits: axis lookups that found the axis's groups (no group made).
-        misses: axis lookups that did not (groups made, or found under their member tuples).
-        groups: distinct member tuples groups were made for (members or not: equal on every rank).
+    ``hits`` and ``misses`` of the axis lookups, and the distinct member tuples ``groups`` were made for
+    (docs/realize.md, "The cache and its lifecycle").
 
     Examples:
         >>> fm.CacheInfo(hits=2, misses=2, groups=6).groups
@@ -424,12 +422,9 @@ CACHE = GroupCache()
 def retire_failed(pg: Any) -> None:
     """A collective on ``pg`` raised: the group leaves the cache, is aborted, and is marked for its other members.
 
-    Called when the error is built (``_handle.comm_failure``). Realize never hands the group out
-    again: this rank forgets it now; the other members read the mark in the default store at
-    their next checked realize (:func:`read_failures`) and forget it too, so all of them make a new
-    group together. The default group (an axis that borrowed it) is flagged, not aborted: it is
-    the job's. A group realize did not make (adopted) is left alone. Bounded: the lock is waited
-    for as ``abort`` waits for it, and a store that cannot be reached only loses the mark.
+    Called when the error is built (``_handle.comm_failure``); docs/design.md, "Failures and start-up".
+    An adopted group is left alone; bounded: the lock is waited for as ``abort`` does, and a store
+    that cannot be reached only loses the mark.
     """
     try:
         default = _torch.default_group()
@@ -456,9 +451,7 @@ def retire_failed(pg: Any) -> None:
 def read_failures() -> int:
     """Forget the groups other members marked as failed since this rank last looked; return how many keys.
 
-    realize calls it after its check, when every member has arrived, so every mark a member wrote
-    before calling realize is visible: the members drop the same groups and make the same new ones.
-    One store round trip when nothing failed.
+    After realize's check (docs/design.md, "Failures and start-up"); one store round trip when nothing failed.
     """
     store = _torch.default_store()
     seen_store, seen = CACHE.marks_read
@@ -487,11 +480,9 @@ def read_failures() -> int:
 def init_default(plan: InitPlan, timeout: datetime.timedelta | None) -> None:
     """Start the job's default group as ``plan`` says (realize, when no default group exists).
 
-    The start-up is bounded by ``plan.timeout`` (torch's default when ``None``), never by an axis's
-    timeout. A start-up that fails (a rank that never arrived, a store that cannot be reached) is a
-    ``MeshError`` naming it, with torch's error chained. Once it is up, the group's collectives
-    take ``timeout`` (realize's one ``timeout=`` for every axis) when given, so that a whole-world
-    axis with that timeout still borrows it, as when the group started with it.
+    Bounded by ``plan.timeout``, never an axis's; a failure is a ``MeshError`` with torch's error
+    chained. Once up, its collectives take realize's one ``timeout=`` when given, so a whole-world
+    axis with that timeout still borrows it.
     """
     kwargs: dict[str, Any] = {"backend": plan.backend}
     if plan.timeout is not None:
@@ -522,12 +513,8 @@ def cache_info() -> CacheInfo:
         The counters since the process started or the last :func:`clear_cache` or ``abort``.
 
     Examples:
-        >>> import torch.distributed as dist
         >>> fm.cache_info()  # rm's two axes: dp 4 groups, tp 2 groups
         CacheInfo(hits=0, misses=2, groups=6)
-        >>> whole = fm.realize(rm.mesh.flatten())  # an axis over the whole world borrows the default group
-        >>> fm.cache_info(), whole.group("dp_tp") is dist.group.WORLD
-        (CacheInfo(hits=0, misses=3, groups=6), True)
     """
     return CACHE.info()
 

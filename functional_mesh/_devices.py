@@ -29,13 +29,10 @@ __all__ = ["DeviceArray", "DeviceList", "DeviceRange"]
 class DeviceList(Frozen):
     """An immutable list of distinct non-negative global ranks: a :class:`DeviceRange` or a :class:`DeviceArray`.
 
-    A plain ``__slots__`` value on :class:`~functional_mesh._validate.Frozen`: every mesh derived
-    from a list shares it, so an assignment would change them all; it raises instead. Build one
-    with :meth:`iota`, :meth:`from_range` or :meth:`from_values`.
+    Shared by every mesh derived from one (so frozen); built with :meth:`iota`, :meth:`from_range`
+    or :meth:`from_values`.
 
     Examples:
-        >>> DeviceList.iota(4).to_array().tolist()
-        [0, 1, 2, 3]
         >>> DeviceList.from_values("make_mesh", range(3, -1, -1)) == DeviceList.from_values("make_mesh", [3, 2, 1, 0])
         True
     """
@@ -176,7 +173,6 @@ class DeviceRange(DeviceList):
 
     Raises:
         MeshError: a negative ``n``, a step of 0, or a rank below 0 or above ``2**63 - 1``.
-        TypeError: arguments that are not ints.
 
     Examples:
         >>> r = DeviceRange(8, 14, -2)

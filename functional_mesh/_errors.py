@@ -19,10 +19,7 @@ class MeshError(ValueError):
 
     Args:
         message: the text.
-        mesh: the mesh the failing call was about, when there is one.
-
-    Attributes:
-        mesh: the mesh the failing call was about, when there is one (else ``None``).
+        mesh: the mesh the failing call was about, when there is one; kept as ``e.mesh`` (else ``None``).
 
     Examples:
         >>> try:

@@ -45,7 +45,6 @@ def mesh_from_order(order: str, *, devices: Iterable[int] | None = None, **sizes
     Raises:
         MeshError: an empty or repeated token, a token without a size, a size other than 1 for
             an axis the order leaves out, or sizes and devices that ``make_mesh`` refuses.
-        TypeError: an order that is not a str.
 
     Examples:
         >>> mesh_from_order("tp-dp", tp=4, dp=2, pp=1, cp=1)       # pp, cp: size 1, appended
@@ -83,7 +82,6 @@ def order_axes(mesh: Mesh, token: str) -> tuple[str, ...]:
     Raises:
         UnknownAxisError: a token that is not an axis of ``mesh``.
         MeshError: an empty or repeated token.
-        TypeError: a mesh or token of another type.
 
     Examples:
         >>> mesh = mesh_from_order("tp-cp-dp-pp", tp=2, cp=2, dp=2, pp=2)

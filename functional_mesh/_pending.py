@@ -93,9 +93,6 @@ class Pending:
 
     Examples:
         >>> pending = fm.psum(torch.ones(2, 3), "tp", mesh=rm, async_op=True)
-        >>> pending
-        Pending(psum over 'tp', not waited for)
-        >>> other = torch.ones(3, 3) @ torch.ones(3, 3)  # work that overlaps the communication
         >>> pending.wait().shape, pending.wait() is pending.wait()
         (torch.Size([2, 3]), True)
     """

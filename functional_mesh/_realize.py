@@ -51,9 +51,8 @@ def realize(
 ) -> RealizedMesh:
     """Create (or look up) the process groups of every axis of ``mesh``; a collective call.
 
-    Every rank of the default group calls it, in the same order, with an equal mesh (with
-    ``members_only=True`` the mesh's ranks only). Step by step, and each argument at length:
-    docs/realize.md.
+    Every rank of the default group (or of the mesh, ``members_only=True``) calls it, in the same order,
+    with an equal mesh. Step by step, and each argument at length: docs/realize.md.
 
     Args:
         mesh: the mesh value; its devices must be ranks of the world.

@@ -74,8 +74,7 @@ class _PlanRanks:
 class Move(Frozen):
     """One message of a plan: ``src_rank`` sends the block ``index`` of the global tensor to ``dst_rank``.
 
-    A frozen value. ``stage`` 0: the sender holds the block in the source sharding; ``stage`` k > 0:
-    a relay, the sender received it in a stage before k. ``src_rank == dst_rank`` is a local copy.
+    ``stage`` > 0: a relay (docs/across_meshes.md, "The plan"); ``src_rank == dst_rank``: a local copy.
 
     Args:
         src_rank: the sending global rank.
@@ -86,7 +85,6 @@ class Move(Frozen):
 
     Raises:
         MeshError: a negative rank, stage or size, or a slice with a step or ``stop < start``.
-        TypeError: arguments of other types.
 
     Examples:
         >>> m = Move(0, 4, (slice(0, 2), slice(0, 8)), 0, 64)
@@ -161,9 +159,6 @@ class _Cache(TypedDict, total=False):
 class ReshardPlan(Frozen):
     """Who sends which block to whom, in which stage, to turn sharding ``src`` into ``dst``; from :func:`plan_reshard`.
 
-    One rank's answers (:meth:`receives`, :meth:`sends`) are computed on demand, in time that does not
-    grow with the world; :attr:`moves` and :attr:`max_send_bytes` list the plan once and keep it.
-
     Args:
         src: the source ``NamedSharding`` (kept as ``plan.src``).
         dst: the destination ``NamedSharding`` (``plan.dst``).
@@ -236,7 +231,6 @@ class ReshardPlan(Frozen):
 
         Raises:
             MeshError: a negative rank.
-            TypeError: a rank that is not an int.
 
         Examples:
             >>> sh = fm.NamedSharding(fm.make_mesh((2,), ("x",)), fm.P())
@@ -257,7 +251,6 @@ class ReshardPlan(Frozen):
 
         Raises:
             MeshError: a negative rank.
-            TypeError: a rank that is not an int.
 
         Examples:
             >>> sh = fm.NamedSharding(fm.make_mesh((2,), ("x",)), fm.P())
@@ -325,7 +318,6 @@ class ReshardPlan(Frozen):
 
         Raises:
             MeshError: a negative rank.
-            TypeError: a rank that is not an int.
 
         Examples:
             >>> mesh = fm.make_mesh((2,), ("x",))
@@ -384,7 +376,6 @@ class ReshardPlan(Frozen):
 
         Raises:
             MeshError: a negative rank.
-            TypeError: a rank that is not an int.
 
         Examples:
             >>> src = fm.NamedSharding(fm.make_mesh((1,), ("x",)), fm.P())
@@ -655,8 +646,7 @@ def plan_reshard(src: NamedSharding, dst: NamedSharding, shape: Sequence[int], d
 class ShapeDtypeStruct(Frozen):
     """A tensor's global shape, dtype and (optionally) sharding, without its data (JAX's name).
 
-    What a rank that holds no part of the source passes to ``fm.reshard`` in place of a tensor. A
-    frozen value; equal fields, equal values.
+    What a rank that holds no part of the source passes to ``fm.reshard`` in place of a tensor.
 
     Args:
         shape: the global shape: non-negative ints.
@@ -665,7 +655,6 @@ class ShapeDtypeStruct(Frozen):
 
     Raises:
         MeshError: a negative size, a shape the sharding's spec does not fit, an unknown dtype name.
-        TypeError: a shape, dtype or sharding of another type.
 
     Examples:
         >>> sds = fm.ShapeDtypeStruct((8, 4), "bfloat16")

@@ -227,17 +227,11 @@ class NamedSharding:
     Raises:
         UnknownAxisError: an axis of ``spec`` that the mesh lacks (with "did you mean").
         MeshError: an axis used on two dims.
-        TypeError: a mesh or spec of another type.
 
     Examples:
         >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
         >>> fm.NamedSharding(mesh, P("tp")).shard_shape((6, 4))
         (2, 4)
-        >>> fm.NamedSharding(mesh, P("dp", "dp"))
-        Traceback (most recent call last):
-        ...
-        functional_mesh.MeshError: `NamedSharding` requires each mesh axis at most once in the spec, but got
-        spec=P('dp', 'dp'); axis 'dp' splits dims 0 and 1
     """
 
     mesh: Mesh
@@ -276,7 +270,6 @@ class NamedSharding:
 
         Raises:
             MeshError: fewer dims than the spec, or a negative size.
-            TypeError: a shape that is not a tuple of ints.
 
         Examples:
             >>> fm.NamedSharding(fm.make_mesh((4,), ("tp",)), P("tp")).shard_shape((6, 3))
@@ -298,7 +291,6 @@ class NamedSharding:
 
         Raises:
             MeshError: a shape the spec does not fit, or a negative rank.
-            TypeError: a shape or rank of another type.
 
         Examples:
             >>> fm.NamedSharding(fm.make_mesh((2, 4), ("dp", "tp")), P("tp")).local_slices((6, 4), 5)
@@ -326,7 +318,6 @@ class NamedSharding:
 
         Raises:
             MeshError: a shape the spec does not fit.
-            TypeError: a shape of another type.
 
         Examples:
             >>> fm.NamedSharding(fm.make_mesh((2,), ("tp",)), P("tp")).devices_indices_map((4,))

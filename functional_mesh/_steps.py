@@ -1,36 +1,8 @@
 """The collectives' steps: one communication each, paired with its transpose; their autograd nodes.
 
-A step is a small immutable value (a ``NamedTuple``: made per call, and a constant to
-torch.compile): its group (a ProcessGroup eagerly, the group's *name* under
-torch.compile, ``None`` for a size-1 hop with no group) and plain ints. Each has ``run(x)``, the
-communication (c10d directly when the group is a ProcessGroup, torch's functional collectives
-when it is a name, through ``_torch``), and ``transpose()``, the step that carries a cotangent
-back (the rules: docs/design.md, "Collectives and autograd"). The linear pairs:
-
-- :class:`AllReduce` (``op="sum"``) and :class:`Identity`: psum and pvary;
-- :class:`Gather` and :class:`Scatter`: all_gather and psum_scatter;
-- :class:`Gather` (``index`` given: an invariant result) and :class:`Slice`: all_gather(to="invariant")
-  and a region's local block;
-- :class:`Exchange` (all_to_all), :class:`Ragged` (ragged_all_to_all), :class:`Permute` and
-  :class:`PointToPoint` (ppermute): each transposes to its inverse.
-
-A step that communicates also comes in two halves, ``start`` and ``finish``, for a collective
-issued now and waited for later (``async_op=True``, ``_pending``): :class:`Arrived` is the second
-half of a step started earlier.
-
-:class:`Comm` makes a step and its transpose one autograd node of a tensor and constants, which
-torch.compile traces whole. ``max`` and ``min`` are not linear: :class:`Extremum` gives pmax and
-pmin their gradient (to the members holding the result, ties split evenly, as ``torch.amax``).
-The records of ``_collectives`` say which steps each collective makes.
-
-Under torch.compile every step's result depends on the data it was given, also where a member
-receives nothing (the zeros it returns are made from what the communication returned): so a
-backward step always depends on its incoming gradient, and no partitioner can move it into the
-compiled forward on some ranks only (a compiled program must issue the same collectives in the
-same order on every rank).
-
-The debug check (``_debug``, off by default) is a callable the nodes are given: it compares what
-the members of a group ask for before each step communicates.
+What a step is, the linear pairs and the nodes: docs/design.md, "Collectives and autograd"; why every
+step's result depends on its data under torch.compile (also where a member receives nothing):
+docs/compile.md, "One program on every rank".
 """
 
 from __future__ import annotations
@@ -60,10 +32,8 @@ __all__ = ["AllReduce", "Arrived", "AsyncStep", "Comm", "Exchange", "Extremum", 
 class Step(Protocol):
     """What every step below is: one communication (or a local stand-in) paired with its transpose.
 
-    ``group``: what it talks over (the ProcessGroup eagerly, its name under torch.compile; ``None``:
-    one member); ``local``: it never communicates (the debug check skips it, ``async_op=True`` starts
-    nothing for it); ``grad_by_torch``: eagerly, ``run``'s own autograd already is its transpose, so
-    no node of ours is needed. Read-only, so a field, a class attribute or a property will do.
+    ``local``: it never communicates (no debug check, nothing started by ``async_op=True``);
+    ``grad_by_torch``: eagerly, ``run``'s own autograd is its transpose (no node of ours needed).
     """
 
     @property
@@ -97,8 +67,7 @@ def _zeros(like: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
 
 
 class _Communicates:
-    """The :class:`Step` flags of a step that communicates and whose transpose is a node of ours: the
-    base, after its fields (a ``NamedTuple``), of every step but :class:`AllReduce`."""
+    """The :class:`Step` flags of a step that communicates, the base of every step but :class:`AllReduce`."""
 
     __slots__ = ()
     local = False
@@ -115,10 +84,8 @@ class _Silent(_Communicates):
 class AllReduce(NamedTuple):
     """The reduction ``op`` (``"sum"``, ``"max"``, ``"min"``) over the group, the same on every member.
 
-    Transpose (``sum``): :class:`Identity`, since the result is the same on every member, so is
-    its cotangent, which passes back unchanged (Megatron's g). Eagerly, ``run``'s own autograd is
-    already that identity (a clone reduced in place), so psum needs no node of its own
-    (``grad_by_torch``). ``max`` and ``min`` have no transpose: :class:`Extremum` differentiates them.
+    Transpose (``sum``): :class:`Identity`, which eagerly ``run``'s own autograd already is (a clone
+    reduced in place: ``grad_by_torch``). ``max`` and ``min``: :class:`Extremum` differentiates them.
     """
 
     group: Any
@@ -187,9 +154,8 @@ class _Gather(NamedTuple):
 class Gather(_Gather, _Communicates):
     """Every member's ``x`` along ``dim``, in group-rank (= mesh) order.
 
-    Transpose: the cotangent varies over the members (``index`` None): :class:`Scatter`, the sum
-    of every member's cotangent, this member's block; or it is the same on every member (``index``,
-    this member's position, given: all_gather(to="invariant")): :class:`Slice`, this member's block.
+    Transpose: :class:`Scatter`; with ``index`` (this member's position: all_gather(to="invariant")),
+    :class:`Slice`.
     """
 
     __slots__ = ()
@@ -252,8 +218,7 @@ class _Slice(NamedTuple):
 class Slice(_Slice, _Silent):
     """This member's block ``index`` of ``n`` along ``dim``, without communication (never a view).
 
-    Transpose: :class:`Gather` with ``index`` (every member's block of a cotangent of a value
-    that was the same on every member).
+    Transpose: :class:`Gather` with ``index``.
     """
 
     __slots__ = ()
@@ -484,10 +449,8 @@ class Extremum(torch.autograd.Function):
     """pmax/pmin: the reductions ``steps`` (one :class:`AllReduce` of ``max`` or ``min`` per hop,
     each after its debug ``checks`` entry), and their gradient.
 
-    The gradient goes to the members whose ``x`` equals the result, split evenly among ties:
-    ``grad / count * held``, as ``torch.amax``/``amin`` over the stacked members computes it. When
-    ``grad`` (a gradient will be asked for), the forward also sums ``held`` over the same groups
-    (``count``); the backward then communicates nothing.
+    The gradient ``grad / count * held`` (docs/design.md, "Collectives and autograd"): with ``grad``
+    the forward also sums ``held`` over the same groups (``count``), so the backward communicates nothing.
     """
 
     @staticmethod

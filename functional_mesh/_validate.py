@@ -153,13 +153,9 @@ def _collect_ints(api: str, values: Iterable[Any], out: list[int]) -> None:  # A
 class Frozen:
     """Base of the library's hand-built values: no assignment or deletion after construction.
 
-    For the values that cannot be attrs classes at no cost (docs/design.md, "House rules", has the
-    figures): ``Layout`` (attrs fields would have to be its constructor's ``shape`` and ``stride``,
-    stored beside its modes on every transformation's hot path), ``DeviceArray`` (a list that is a
-    progression must become a ``DeviceRange``, which its own constructor cannot return),
-    ``MeshShape`` (a view made at each ``mesh.shape``), ``PartitionSpec`` (positional entries, as
-    JAX's) and ``RealizedMesh``. Constructors set slots with ``object.__setattr__``; every other
-    assignment is an ``AttributeError``, as on a frozen attrs class.
+    For the values that cannot be attrs classes at no cost (which, and why: docs/design.md, "House
+    rules"). Constructors set slots with ``object.__setattr__``; every other assignment is an
+    ``AttributeError``, as on a frozen attrs class.
     """
 
     __slots__ = ()

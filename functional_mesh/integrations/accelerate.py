@@ -167,10 +167,8 @@ def build_device_mesh(parallelism_config: Any, device_type: str | None = None, *
 def adopt(parallelism_config: Any, device_type: str | None = None, **realize_options: Any) -> Any:
     """Give ``parallelism_config`` our mesh, so that ``Accelerator`` uses it; returns the config.
 
-    ``Accelerator`` reads ``parallelism_config.get_device_mesh(...)``, which returns
-    ``parallelism_config.device_mesh`` when set. Call it before making the ``Accelerator``, on
-    every rank (it realizes the mesh: a collective call). ``device_type=None`` is the device
-    accelerate would pick: "cuda" when CUDA is available, else "cpu".
+    On every rank, before the ``Accelerator`` is made (docs/accelerate.md, "Using it"); a collective
+    call. ``device_type=None``: "cuda" when CUDA is available, else "cpu", as accelerate picks.
     """
     if getattr(parallelism_config, "device_mesh", None) is not None:
         raise MeshError(f"`{_API}.adopt` requires a ParallelismConfig whose mesh was not built yet (it holds "

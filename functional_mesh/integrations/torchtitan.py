@@ -40,11 +40,8 @@ class View:
         mesh: the mesh value, with torchtitan's axis names in torchtitan's order.
         real: the axes that get process groups: those torchtitan backs with a real backend
             (``ParallelDims._mesh_exist``); the others it keeps on its fake backend.
-        products: products of axes realized with the view and handed to torch's flatten cache
-            of its ``DeviceMesh``: the ones torch flattens by name itself (FSDP2 over ``dp_shard``
-            x ``cp``), and those whose layout is a flattened mesh of torchtitan's world root
-            ("loss_mesh"), where DTensor finds one group for a reduction over several dims. They
-            are groups of other views (cache hits), never new ones.
+        products: products realized with the view for torch's flatten cache (FSDP2's ``dp_shard`` x
+            ``cp``, "loss_mesh"): groups of other views, never new ones (docs/torchtitan.md).
     """
 
     mesh: Mesh
@@ -221,12 +218,9 @@ def _parallel_dims_class() -> type:
     class FmParallelDims(ParallelDims):
         """torchtitan's ``ParallelDims`` whose meshes are one functional_mesh family.
 
-        Everything but ``build_mesh`` is torchtitan's. ``realize_options`` are passed to every
-        ``fm.realize`` (``device_type``, ``backend``, ``timeout``, ``check``); after the meshes are
-        built, ``realized`` holds the ``RealizedMesh`` of each view ("world", "dataloading",
-        "loss", "dense", "sparse", and "fwdbwd" under "spmd_types"), for collectives by axis name
-        over the very groups torchtitan uses; ``extra_axes`` names, per view, the axes torchtitan
-        keeps on its fake backend that got groups anyway (see :func:`_realize_view`).
+        Everything but ``build_mesh`` is torchtitan's (:func:`parallel_dims`). Once built, ``realized``
+        holds each view's ``RealizedMesh``, and ``extra_axes`` per view the fake-backend axes that got
+        groups anyway (:func:`_realize_view`).
         """
 
         realize_options: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
