@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from . import _steps as S
 from . import _torch, _vma
@@ -108,14 +108,15 @@ class _Plan:
     __slots__ = ("sharding", "placements", "axes", "unreduced", "rank", "sizes", "split", "axes_of", "gathers",
                  "unnamed", "spec", "specs")
 
-    def __init__(self, rm: RealizedMesh, spec: PartitionSpec, check_vma: bool) -> None:
+    def __init__(self, rm: RealizedMesh, spec: PartitionSpec, check_vma: bool,
+                 new: tuple[str, ...] | None = None) -> None:
         self.sharding = NamedSharding(rm.mesh, spec)
         self.placements = self.sharding.placements
         self.specs: dict[tuple[tuple[int, ...], torch.dtype], Any] = {}  # eagerly: a result's DTensor spec per shape
         self.axes = frozenset(a for d in range(len(spec)) for a in spec.axes_of(d))
         self.unreduced = spec.unreduced  # a pending sum over these axes (DTensor's Partial("sum"))
-        self.unnamed = () if check_vma else tuple(a for a in rm.mesh.axis_names
-                                                  if a not in self.axes and a not in self.unreduced)
+        self.unnamed = () if check_vma else tuple(a for a in rm.mesh.axis_names if a not in self.axes and a not in
+                                                  self.unreduced and (new is None or a in new))
         self.rank = len(spec)
         self.spec = str(spec)  # for messages (torch.compile cannot format a PartitionSpec while tracing)
         self.sizes = tuple(axes_size(rm, spec.axes_of(d)) for d in range(len(spec.entries)))
@@ -144,11 +145,12 @@ class _Plan:
             f"pad the value to a multiple of {k}, or shard it over other axes" for d, k in self.split if shape[d] % k)
 
 
-_PLANS: dict[tuple[Any, tuple[Any, ...], bool], _Plan] = {}  # (mesh value, spec entries, check_vma) -> plan
+_PLANS: dict[tuple[Any, ...], _Plan] = {}  # (mesh value, spec entries, check_vma[, manual axes]) -> plan
 
 
 @torch.compiler.assume_constant_result
-def _plan_of(rm: RealizedMesh, entries: tuple[Any, ...], check_vma: bool) -> _Plan:
+def _plan_of(rm: RealizedMesh, entries: tuple[Any, ...], check_vma: bool, new: tuple[str, ...] | None = None
+             ) -> _Plan:
     """The plan of the spec ``PartitionSpec.from_key(entries)`` on ``rm``'s mesh, made once per mesh value.
 
     Under torch.compile this runs (in Python) while tracing and its result is a constant of the
@@ -157,14 +159,44 @@ def _plan_of(rm: RealizedMesh, entries: tuple[Any, ...], check_vma: bool) -> _Pl
     function has specs that exist only as dynamo's record while it traces.
     """
     rm.device_mesh  # noqa: B018 - built once per realized mesh (and kept by it), outside any trace
-    key = (rm.mesh, entries, check_vma)  # the mesh value: equal meshes (a selection made again) share plans
-    plan = _PLANS.get(key)
+    key = (rm.mesh, entries, check_vma) if new is None else (rm.mesh, entries, check_vma, new)  # the mesh value:
+    plan = _PLANS.get(key)  # equal meshes (a selection made again) share plans
     if plan is None:
-        plan = _PLANS[key] = _Plan(rm, PartitionSpec.from_key(entries), check_vma)
+        plan = _PLANS[key] = _Plan(rm, PartitionSpec.from_key(entries), check_vma, new)
     return plan
 
 
-def _plan(region: Region, spec: PartitionSpec) -> _Plan:
+@torch.compiler.assume_constant_result
+def _submesh(rm: RealizedMesh, names: tuple[str, ...]) -> Any:
+    """``rm.device_mesh`` sliced to ``names`` (mesh order): a partial-manual region's DTensors live there.
+
+    Made once per handle and names, outside any trace (a constant of it, as :func:`_plan_of`'s plans)."""
+    key = (_submesh, names)
+    found = recall(rm, key)
+    return found if found is not None else remember(rm, key, rm.device_mesh[names])
+
+
+def _inner_mesh(region: Region) -> Any:
+    """Where a partial-manual region's values live: the submesh of its automatic axes (``None``: none)."""
+    return _submesh(region.rm, region.auto) if region.auto else None
+
+
+def _outer_mesh(region: Region) -> tuple[Any, tuple[str, ...]]:
+    """Where a region's arguments and results live, and its axis names: the realized mesh's DeviceMesh, or
+    in a nested region its enclosing region's submesh."""
+    outer = region.outer
+    if outer is None:
+        return region.rm.device_mesh, region.rm.mesh.axis_names
+    return _submesh(region.rm, outer.auto), outer.auto
+
+
+def _plan(region: Region, spec: PartitionSpec, path: Any = "a spec") -> _Plan:
+    if region.partial:
+        new = tuple(a for a in region.rm.mesh.axis_names if a in region.new)
+        plan = _plan_of(region.rm, spec.key, region.check_vma, new)
+        if not (plan.axes | plan.unreduced) <= region.new:
+            raise _not_manual(region, path, plan)
+        return plan
     if region.traced:
         return _plan_of(region.rm, spec.key, region.check_vma)
     # eagerly: the handle keeps its plans (one dict lookup per leaf and call), keyed by the spec's entries as
@@ -178,6 +210,19 @@ def _plan(region: Region, spec: PartitionSpec) -> _Plan:
     return plan
 
 
+def _not_manual(region: Region, path: Any, plan: _Plan) -> MeshError:
+    """A spec of a partial-manual region that names an axis it is not manual over (JAX: a ValueError)."""
+    names = region.rm.mesh.axis_names
+    bad = [a for a in names if a in (plan.axes | plan.unreduced) - region.new]
+    return MeshError(
+        f"`shard_map` requires in_specs and out_specs to name only the region's manual axes (axis_names: "
+        f"{tuple(a for a in names if a in region.new)}), but {_path(path)}={plan.spec} names "
+        f"{', '.join(map(repr, bad))}, which {'is' if len(bad) == 1 else 'are'} not manual in this "
+        "region (inside, the other axes stay DTensor dims, placed as the argument's DTensor says); drop "
+        f"{', '.join(map(repr, bad))} from the spec, or add {'it' if len(bad) == 1 else 'them'} to axis_names",
+        mesh=region.rm.mesh)
+
+
 # -- in -----------------------------------------------------------------------------------------------
 
 
@@ -188,12 +233,19 @@ def enter_all(region: Region, f: Callable[..., Any], args: tuple, in_specs: Any)
     misfits = None
     for path, leaf, spec in entries:
         if isinstance(leaf, torch.Tensor):
-            plan = _plan(region, spec)
+            plan = _plan(region, spec, path)
             if not plan.fits(leaf.shape):  # collect every misfit, then one error (_in_specs_error)
                 misfits = [] if misfits is None else misfits
                 misfits.append((path, plan, leaf.shape))
                 continue
             if misfits is not None:
+                continue
+            if region.partial:
+                outer = region.outer.types_of(leaf) if region.outer is not None else _vma.INVARIANT
+                leaf = _enter_partial(region, path, leaf, plan)
+                if region.check_vma and (plan.axes or plan.unreduced or outer.varying or outer.unreduced):
+                    region.enter(leaf, plan.axes | outer.varying, plan.unreduced | outer.unreduced)
+                leaves.append(leaf)
                 continue
             leaf = _enter(region, path, leaf, plan)
             if region.check_vma and (plan.axes or plan.unreduced):
@@ -283,6 +335,52 @@ def _enter(region: Region, path: Any, value: torch.Tensor, plan: _Plan) -> torch
     return local
 
 
+def _enter_partial(region: Region, path: Any, value: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """A partial-manual region's argument: its block over the manual axes, a DTensor over the others (on
+    their submesh, placed as the argument's DTensor is there; a plain tensor is replicated there)."""
+    rm, inner = region.rm, region.auto
+    if isinstance(value, DTensor):
+        dm, names = _outer_mesh(region)
+        placements = tuple(value.placements)
+        if (value.device_mesh is not dm and value.device_mesh != dm) or any(
+                placements[i] != plan.placements[rm.mesh.axis_names.index(a)] for i, a in enumerate(names)
+                if a in region.new):
+            raise MeshError(
+                f"`shard_map` requires each DTensor argument to be on the region's mesh ({names}) and sharded over its "
+                f"manual axes {tuple(a for a in names if a in region.new)} as its in_spec says, but {_path(path)} is a "
+                f"DTensor with placements {placements} on {value.device_mesh} and its spec is {plan.spec}; "
+                f"redistribute it first (communication is always explicit)", mesh=rm.mesh)
+        kept = tuple(p for p, a in zip(placements, names, strict=True) if a not in region.new)
+        _check_unmixed(region, path, plan, kept)
+        shape = [n // plan.sizes[d] if d < len(plan.sizes) else n for d, n in enumerate(value.shape)]
+        local = value.to_local()
+    elif plan.unreduced:
+        return _enter(region, path, value, plan)  # its error: a full value is no pending sum
+    else:
+        kept = (Replicate(),) * len(inner)
+        local = value
+        for dim, axes in plan.gathers:
+            local = _local_block(rm, local, axes, dim)
+        shape = list(local.shape)
+    if plan.unnamed and (region.traced or (local.requires_grad and torch.is_grad_enabled())):
+        local = region.pvary(local, plan.unnamed)
+    if not inner:
+        return local
+    return DTensor.from_local(local, _inner_mesh(region), kept, run_check=False, shape=torch.Size(shape),
+                              stride=row_major_strides(shape))
+
+
+def _check_unmixed(region: Region, path: Any, plan: _Plan, kept: tuple[Any, ...]) -> None:
+    """No dim is split over both a manual axis and an automatic one (its blocks would not be the manual ones)."""
+    split = {d for d, _ in plan.gathers}
+    mixed = sorted({p.dim for p in kept if isinstance(p, Shard)} & split)
+    if mixed:
+        raise MeshError(requires(
+            "shard_map", "in a partial-manual region, no dim split over both a manual axis and an automatic one",
+            _path(path), f"{plan.spec} with placements {kept} over {region.auto}", f"dims {mixed}")
+            + "; redistribute the value so those dims are Replicate over the automatic axes", mesh=region.rm.mesh)
+
+
 class _Local(torch.autograd.Function):
     """A DTensor argument's local tensor, eagerly, when it needs a gradient: ``to_local()``'s view, whose
     backward makes the gradient DTensor with the argument's own spec (``to_local``'s backward derives
@@ -330,13 +428,15 @@ def exit_all(region: Region, out: Any, out_specs: Any) -> Any:
     """The region's results as DTensors, after the type checks of out_specs (typed regions)."""
     rm = region.rm
     entries, tree = _leaves("out_specs", out_specs, out)
-    plans = [_plan(region, spec) if isinstance(leaf, torch.Tensor) else None for _, leaf, spec in entries]
+    plans = [_plan(region, spec, path) if isinstance(leaf, torch.Tensor) else None for path, leaf, spec in entries]
     if region.check_vma:
         region.check_trace("the region's results")
         failures, pending = [], []
         for (path, leaf, _), plan in zip(entries, plans, strict=True):
             if plan is not None:
                 varying, named = region.type_of(leaf), plan.axes
+                if region.outer is not None:  # the enclosing regions' axes pass through: theirs to check
+                    varying = varying - region.outer.axes
                 if varying - named:
                     fix = region.fix_for(leaf, varying - named)
                     if varying & plan.unreduced and not (varying - named - plan.unreduced):
@@ -348,7 +448,7 @@ def exit_all(region: Region, out: Any, out_specs: Any) -> Any:
                 if unreduced != plan.unreduced and (unreduced - plan.unreduced or plan.unreduced - unreduced - varying):
                     pending.append((_path(path), varying, unreduced, plan.unreduced, plan.spec))
         if failures:
-            raise _vma.out_specs_error(failures, rm.mesh.axis_names, region.random)
+            raise _vma.out_specs_error(failures, [a for a in rm.mesh.axis_names if a in region.new], region.random)
         if pending:
             raise _vma.unreduced_out_specs_error(pending)
     leaves = []
@@ -357,7 +457,7 @@ def exit_all(region: Region, out: Any, out_specs: Any) -> Any:
             if plan.rank > leaf.ndim:  # a result is local: only the rank rule applies
                 raise MeshError(requires("shard_map", f"a value of rank at least {plan.rank} for {_path(path)}="
                                          f"{plan.spec}", "shape", tuple(leaf.shape)), mesh=rm.mesh)
-            leaf = _exit(region, leaf, plan)
+            leaf = _exit_partial(region, path, leaf, plan) if region.partial else _exit(region, leaf, plan)
         leaves.append(leaf)
     return _rebuild(leaves, tree)
 
@@ -387,6 +487,38 @@ def _exit(region: Region, local: torch.Tensor, plan: _Plan) -> DTensor:
     if local.requires_grad and torch.is_grad_enabled():
         return _Global.apply(local, spec)
     return _torch.wrap_local(local.view_as(local), copy.copy(spec), False)
+
+
+def _exit_partial(region: Region, path: Any, leaf: torch.Tensor, plan: _Plan) -> DTensor:
+    """A partial-manual region's result: a DTensor over its manual axes (its out_spec) and the others (as the
+    result's DTensor is placed there; a plain tensor is replicated there)."""
+    rm, inner = region.rm, region.auto
+    if isinstance(leaf, DTensor):
+        sub = _inner_mesh(region)
+        if sub is None or (leaf.device_mesh is not sub and leaf.device_mesh != sub):
+            raise MeshError(requires("shard_map", f"results that are plain tensors or DTensors on the region's "
+                                     f"automatic axes {inner}", _path(path), f"a DTensor on {leaf.device_mesh}"),
+                            mesh=rm.mesh)
+        kept = tuple(leaf.placements)
+    else:
+        kept = (Replicate(),) * len(inner)
+    _check_unmixed(region, path, plan, kept)
+    types = region.types_of(leaf) if region.check_vma else _vma.INVARIANT
+    if region.check_vma:
+        missing = plan.axes - types.varying
+        region.forget(leaf)
+        if missing:  # invariant over a named axis: copies are concatenated, so the cotangent sums
+            leaf = region.pvary(leaf, tuple(sorted(missing)))
+    local = leaf.to_local() if isinstance(leaf, DTensor) else leaf
+    if not region.check_vma and plan.unnamed:
+        local = _Scale.apply(local, 1.0 / axes_size(rm, plan.unnamed))
+    dm, names = _outer_mesh(region)
+    placements = [plan.placements[rm.mesh.axis_names.index(a)] if a in region.new else kept[inner.index(a)]
+                  for a in names]
+    out = DTensor.from_local(local, dm, placements, run_check=False)
+    if region.outer is not None and region.check_vma:  # the enclosing region's axes: its type of the result
+        region.outer.record(out, types.varying & region.outer.axes, types.unreduced & region.outer.axes)
+    return out
 
 
 class _Global(torch.autograd.Function):

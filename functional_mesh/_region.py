@@ -12,6 +12,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor, Partial, Shard
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import _collectives as C
@@ -21,7 +22,7 @@ from ._errors import MeshError, UnknownAxisError, requires
 from ._handle import RealizedMesh, resolve_mesh, selected_from
 from ._pending import Pending
 
-__all__ = ["NOTHING", "TAG", "Region", "Tag"]
+__all__ = ["NOTHING", "TAG", "Region", "Tag", "rewrap"]
 
 NOTHING: frozenset[str] = frozenset()  # the one empty type: the interpreter compares types by identity first
 
@@ -63,12 +64,20 @@ class Region:
     """One call of a mapped function: its realized mesh, whether it is typed, and the types."""
 
     __slots__ = ("rm", "check_vma", "axes", "traced", "trace", "types", "tags", "sources", "random", "entered",
-                 "casts", "unreduced", "waiting")
+                 "casts", "unreduced", "waiting", "new", "outer", "auto", "partial", "mode")
 
-    def __init__(self, rm: RealizedMesh, check_vma: bool) -> None:
+    def __init__(self, rm: RealizedMesh, check_vma: bool, new: frozenset[str] | None = None,
+                 outer: Region | None = None) -> None:
         self.rm = rm
         self.check_vma = check_vma
-        self.axes = frozenset(rm.mesh.axis_names)
+        # manual over ``new`` (default: every axis), and over the enclosing region's manual axes; the other
+        # axes (``auto``, in mesh order) stay DTensor dims inside (docs/shard_map.md, "Manual over some axes")
+        self.new = frozenset(rm.mesh.axis_names) if new is None else new
+        self.outer = outer
+        self.axes: frozenset[str] = self.new if outer is None else self.new | outer.axes  # every manual axis
+        self.auto = tuple(a for a in rm.mesh.axis_names if a not in self.axes)
+        self.partial = bool(self.auto) or outer is not None
+        self.mode: Any = None  # the TypedMode that types this region's ops (a nested region borrows its outer's)
         self.traced = torch.compiler.is_compiling()
         self.trace = _trace_id() if self.traced else 0  # the trace the types belong to
         self.types: dict[Any, frozenset[str]] = {}  # under torch.compile: traced tensor -> axes
@@ -214,6 +223,8 @@ class Region:
 
     def pvary(self, x: torch.Tensor, axes: tuple[str, ...]) -> torch.Tensor:
         """The cast the region makes itself (no type recorded): identity forward, ``psum`` over ``axes`` backward."""
+        if isinstance(x, DTensor):  # a partial-manual region's value: the cast is of its local tensor
+            return rewrap(x, C.PVARY.run(bind(C.PVARY, x.to_local(), axes, self.rm, {})), True)
         return C.PVARY.run(bind(C.PVARY, x, axes, self.rm, {}))
 
     def cast(self, x: torch.Tensor, axes: frozenset[str]) -> torch.Tensor:
@@ -271,6 +282,10 @@ class Region:
         except UnknownAxisError as error:  # name the region's mesh: the axis may exist outside it
             raise UnknownAxisError(f"{error.args[0]} (inside shard_map over {rm.mesh!r}{selected(rm)})",
                                    mesh=rm.mesh) from None
+        if self.partial:
+            self._check_manual(api, call.names)
+            if isinstance(x, DTensor):  # over the local tensor, the other axes' placements kept
+                return self._on_local(rec, x, call)
         if rec.rule is None:  # no tensor, no type (axis_size)
             return rec.run(call)
         if not self.check_vma:
@@ -291,6 +306,51 @@ class Region:
                 self.sources[out] = (frozenset(call.names), fix)
         return out
 
+    def _check_manual(self, api: str, names: tuple[str, ...]) -> None:
+        """A collective in a partial-manual region talks over its manual axes only (JAX: an unbound axis name)."""
+        auto = [a for a in names if a not in self.axes]
+        if auto:
+            raise _vma.VmaError(
+                f"`{api}` over {auto[0]!r} inside a shard_map region requires an axis that is manual in this region "
+                f"(axis_names: {tuple(a for a in self.rm.mesh.axis_names if a in self.axes)}), but {auto[0]!r} is "
+                f"not manual in this region: it stays a DTensor dim inside, and torch's DTensor communicates over "
+                f"it (x.redistribute(...)); add {auto[0]!r} to axis_names, or call `{api}` outside the region")
+
+    def _on_local(self, rec: Collective, x: DTensor, call: Any) -> Any:
+        """A collective of a DTensor operand (a partial-manual region's value): over its local tensor, then
+        the DTensor again with the same placements over the other axes."""
+        api, params = rec.name, call.params
+        dims = [params[k] for k in ("dim", "split_dim", "concat_dim") if isinstance(params.get(k), int)]
+        if api == "ragged_all_to_all":
+            dims.append(0)
+        sharded = [p.dim for p in x.placements if isinstance(p, Shard)]
+        if sharded and (dims and (not params.get("tiled", True) or {d % x.ndim for d in dims} & set(sharded))):
+            raise MeshError(requires(api, "inside a partial-manual shard_map region, a DTensor operand not sharded "
+                                     "over its other axes along the dims the collective moves", "placements",
+                                     tuple(x.placements), f"dims {dims}")
+                            + "; redistribute it (x.redistribute(placements=...)) so those dims are Replicate first",
+                            mesh=self.rm.mesh)
+        if api in ("pmax", "pmin") and any(isinstance(p, Partial) for p in x.placements):
+            raise MeshError(requires(api, "a DTensor operand with no Partial placement (a maximum of pending sums is "
+                                     "no maximum)", "placements", tuple(x.placements))
+                            + "; redistribute it to Replicate first", mesh=self.rm.mesh)
+        if call.slot is not None:
+            raise MeshError(requires(api, "async_op=False for a DTensor operand (a partial-manual region's value)",
+                                     "async_op", True), mesh=self.rm.mesh)
+        types = self.types_of(x) if self.check_vma else _vma.INVARIANT
+        local = x.to_local()
+        self.record(local, types.varying, types.unreduced)
+        params = dict(params) if call.op_dtype is None else {**params, "op_dtype": call.op_dtype}
+        out = self.collective(rec, local, call.names, None, params)
+        self.forget(local)
+        if not isinstance(out, torch.Tensor):
+            return out
+        y = rewrap(x, out, out.shape == local.shape)
+        if self.check_vma:
+            self.record(y, self.type_of(out), self.unreduced_of(out))
+            self.forget(out)
+        return y
+
     def fix_for(self, t: torch.Tensor, extra: frozenset[str]) -> str | None:
         """The fix an out_specs error suggests for ``t``, which varies over the axes ``extra`` its spec does
         not name, where the collective that made it over those axes says one (its record's ``fix``)."""
@@ -302,6 +362,15 @@ class Region:
     def issued(self, pending: Pending) -> None:
         """A collective issued in the region with ``async_op=True``: the exit checks it was waited for."""
         self.waiting.append(pending)
+
+
+def rewrap(x: DTensor, local: torch.Tensor, same: bool) -> DTensor:
+    """``local`` as a DTensor with ``x``'s mesh and placements: ``x``'s shape where ``same`` (the local shape
+    unchanged), else one from ``local``'s (evenly sharded)."""
+    if same:
+        return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False, shape=x.shape,
+                                  stride=x.stride())
+    return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False)
 
 
 def selected(rm: RealizedMesh) -> str:

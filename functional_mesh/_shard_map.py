@@ -82,7 +82,7 @@ def typeof(t: torch.Tensor) -> _vma.AxisTypes:
 
 
 def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_specs: Any,
-              mesh: RealizedMesh | None = None, check_vma: bool = True) -> Any:
+              mesh: RealizedMesh | None = None, check_vma: bool = True, axis_names: Any = None) -> Any:
     """Map ``f``, written for one shard, over the realized mesh: JAX's ``shard_map`` on torch.
 
     Args:
@@ -92,6 +92,8 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
         mesh: a ``RealizedMesh``; ``None`` = the current ``with rm:`` mesh, at call time.
         check_vma: track which axes each tensor varies over, insert the implicit ``pvary``s and
             check the results against out_specs (docs/shard_map.md); ``False`` trusts out_specs.
+        axis_names: the axes the region is manual over (a set; ``None``: every axis); the others stay
+            DTensor dims inside, and regions nest over disjoint sets (docs/shard_map.md, "Manual over some axes").
 
     Returns:
         The mapped function: DTensor or full-tensor arguments in, DTensors out. A DTensor argument
@@ -125,7 +127,8 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
         torch.Size([])
     """
     if f is None:
-        return functools.partial(shard_map, in_specs=in_specs, out_specs=out_specs, mesh=mesh, check_vma=check_vma)
+        return functools.partial(shard_map, in_specs=in_specs, out_specs=out_specs, mesh=mesh, check_vma=check_vma,
+                                 axis_names=axis_names)
     if not callable(f):
         raise TypeError(requires("shard_map", "a callable f", "f", f))
     if not isinstance(check_vma, bool):
@@ -134,36 +137,78 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
         resolve_mesh("shard_map", mesh)  # the error for a pure Mesh or another type
     check_specs("in_specs", in_specs)
     check_specs("out_specs", out_specs)
+    names = _axis_names(axis_names)
 
     @functools.wraps(f)
     def mapped(*args: Any) -> Any:
         if not torch.compiler.is_compiling():
-            return _call(f, mesh, check_vma, in_specs, out_specs, args)
+            return _call(f, mesh, check_vma, in_specs, out_specs, args, names)
         why = _no_compiled_regions()  # "" where this torch's dynamo traces a region (probed once)
         if why:  # before dynamo meets the mesh: its own error there names none of this
             _torch.raise_while_tracing(False, why)
         try:
-            return _call(f, mesh, check_vma, in_specs, out_specs, args)
+            return _call(f, mesh, check_vma, in_specs, out_specs, args, names)
         except MeshError as error:  # a type or boundary error while tracing: the user's error, not torch's
             _torch.raise_while_tracing(isinstance(error, _vma.VmaError), error.args[0])
 
     return mapped
 
 
+def _axis_names(axis_names: Any) -> tuple[str, ...] | None:
+    """``axis_names`` checked at ``shard_map``: ``None`` (every axis), else its names, sorted (the mesh checks them)."""
+    if axis_names is None:
+        return None
+    if isinstance(axis_names, str) or not isinstance(axis_names, (set, frozenset, tuple, list)) or not all(
+            isinstance(a, str) for a in axis_names):
+        raise TypeError(requires("shard_map", "axis_names=None or a set of mesh axis names", "axis_names",
+                                 axis_names))
+    return tuple(sorted(set(axis_names))) or None  # JAX: an empty set is every axis
+
+
+def _region(rm: RealizedMesh, check_vma: bool, names: tuple[str, ...] | None) -> Region:
+    """The region of one call: manual over ``names`` (``None``: every axis the enclosing region leaves)."""
+    outer = current_region()
+    axes = rm.mesh.axis_names
+    if names is not None:
+        unknown = [a for a in names if a not in axes]
+        if unknown:
+            raise MeshError(requires("shard_map", "axis_names that are axes of the mesh", "axis_names", names, axes),
+                            mesh=rm.mesh)
+    if outer is None:
+        return Region(rm, check_vma, None if names is None or len(names) == len(axes) else frozenset(names))
+    if not isinstance(outer, Region) or outer.rm.mesh != rm.mesh or outer.check_vma != check_vma:
+        raise MeshError(requires("shard_map", "a region nested in a region over the same mesh, with the same "
+                                 "check_vma", "an enclosing region", "over another mesh or check_vma"))
+    left = tuple(a for a in axes if a not in outer.axes)
+    new = frozenset(left if names is None else names)
+    taken = sorted(new & outer.axes)
+    if taken or not new:
+        raise MeshError(
+            "`shard_map` requires a nested region to be manual over axes its enclosing regions are not (regions nest "
+            f"over disjoint axis sets), but got axis_names={names} inside a region manual over "
+            f"{tuple(a for a in axes if a in outer.axes)} (the axes left: {left}); call the inner function directly, "
+            "or make the outer region manual over fewer axes (axis_names=...)", mesh=rm.mesh)
+    return Region(rm, check_vma, new, outer)
+
+
 def _call(f: Callable[..., Any], mesh: RealizedMesh | None, check_vma: bool, in_specs: Any, out_specs: Any,
-          args: tuple) -> Any:
+          args: tuple, names: tuple[str, ...] | None = None) -> Any:
     rm = resolve_mesh("shard_map", mesh)
     if rm.coordinate is None:
         raise member_error("shard_map", rm)
-    if current_region() is not None:
-        raise MeshError("`shard_map` requires no enclosing shard_map region (nested regions are not "
-                        "supported), but got one; call the inner function directly")
-    region = Region(rm, check_vma)
+    region = _region(rm, check_vma, names)
+    outer = region.outer
     try:
         local = enter_all(region, f, args, in_specs)
         with open_region(region):
-            if check_vma:  # typed: a mode sees every op
-                with TypedMode(region):
+            if check_vma and outer is not None:  # nested: the enclosing region's mode types this region's ops
+                region.mode, outer.mode.region = outer.mode, region
+                try:
+                    out = f(*local)
+                finally:
+                    outer.mode.region = outer
+            elif check_vma:  # typed: a mode sees every op
+                with TypedMode(region) as region.mode:
                     out = f(*local)
             else:  # untyped: plain torch; only the collectives ask for the region
                 out = f(*local)
