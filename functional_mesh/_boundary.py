@@ -342,18 +342,31 @@ def _enter_partial(region: Region, path: Any, value: torch.Tensor, plan: _Plan) 
     if isinstance(value, DTensor):
         dm, names = _outer_mesh(region)
         placements = tuple(value.placements)
-        if (value.device_mesh is not dm and value.device_mesh != dm) or any(
-                placements[i] != plan.placements[rm.mesh.axis_names.index(a)] for i, a in enumerate(names)
-                if a in region.new):
+        # over each manual axis: placed as the spec says, or replicated (its block is taken here, as a full
+        # tensor's is: no communication, the gradient gathered back)
+        sliced = {a for i, a in enumerate(names) if a in region.new and isinstance(placements[i], Replicate)
+                  and isinstance(plan.placements[rm.mesh.axis_names.index(a)], Shard)}
+        kept = tuple(p for p, a in zip(placements, names, strict=True) if a not in region.new)
+        if sliced:  # no dim both taken here and split over an automatic axis; the other manual axes as the spec says
+            fits = not _mixed(plan, kept, sliced) and all(
+                placements[i] == plan.placements[rm.mesh.axis_names.index(a)] for i, a in enumerate(names)
+                if a in region.new and a not in sliced) and not any(
+                sliced & set(axes) and not set(axes) <= sliced for _, axes in plan.gathers)
+        else:
+            fits = placements == _merged(region, plan, kept, names)
+        if (value.device_mesh is not dm and value.device_mesh != dm) or not fits:
             raise MeshError(
                 f"`shard_map` requires each DTensor argument to be on the region's mesh ({names}) and sharded over its "
-                f"manual axes {tuple(a for a in names if a in region.new)} as its in_spec says, but {_path(path)} is a "
+                f"manual axes {tuple(a for a in names if a in region.new)} as its in_spec says (or replicated over "
+                f"them), but {_path(path)} is a "
                 f"DTensor with placements {placements} on {value.device_mesh} and its spec is {plan.spec}; "
                 f"redistribute it first (communication is always explicit)", mesh=rm.mesh)
-        kept = tuple(p for p, a in zip(placements, names, strict=True) if a not in region.new)
-        _check_unmixed(region, path, plan, kept)
+        kept = tuple(Shard(p.dim) if p.is_shard() else p for p in kept)  # on the submesh: in its own order
         shape = [n // plan.sizes[d] if d < len(plan.sizes) else n for d, n in enumerate(value.shape)]
         local = value.to_local()
+        for dim, axes in plan.gathers:
+            if sliced & set(axes):
+                local = _local_block(rm, local, axes, dim)
     elif plan.unreduced:
         return _enter(region, path, value, plan)  # its error: a full value is no pending sum
     else:
@@ -370,15 +383,29 @@ def _enter_partial(region: Region, path: Any, value: torch.Tensor, plan: _Plan) 
                               stride=row_major_strides(shape))
 
 
-def _check_unmixed(region: Region, path: Any, plan: _Plan, kept: tuple[Any, ...]) -> None:
-    """No dim is split over both a manual axis and an automatic one (its blocks would not be the manual ones)."""
-    split = {d for d, _ in plan.gathers}
-    mixed = sorted({p.dim for p in kept if isinstance(p, Shard)} & split)
-    if mixed:
-        raise MeshError(requires(
-            "shard_map", "in a partial-manual region, no dim split over both a manual axis and an automatic one",
-            _path(path), f"{plan.spec} with placements {kept} over {region.auto}", f"dims {mixed}")
-            + "; redistribute the value so those dims are Replicate over the automatic axes", mesh=region.rm.mesh)
+def _merged(region: Region, plan: _Plan, kept: tuple[Any, ...], names: tuple[str, ...]) -> tuple[Any, ...]:
+    """The placements over ``names`` of a value split over the manual axes as ``plan`` says and over the
+    automatic ones as ``kept`` (their placements, in mesh order) says: a dim split over both is split over
+    the manual axes first (JAX: the region's block of it is whole), so an automatic axis before them in mesh
+    order is a ``_StridedShard`` there (what ``NamedSharding`` places for such a spec)."""
+    rm, auto = region.rm, region.auto
+    by_dim: dict[int, list[str]] = {}
+    for p, a in zip(kept, auto, strict=True):
+        if p.is_shard():
+            by_dim.setdefault(p.dim, []).append(a)
+    if not by_dim:
+        return tuple(plan.placements[rm.mesh.axis_names.index(a)] if a in region.new else kept[auto.index(a)]
+                     for a in names)
+    rank = max([len(plan.axes_of)] + [d + 1 for d in by_dim])
+    entries = [tuple(plan.axes_of[d] if d < len(plan.axes_of) else ()) + tuple(by_dim.get(d, ())) for d in range(rank)]
+    full = NamedSharding(rm.mesh, PartitionSpec(*[e or None for e in entries], unreduced=plan.unreduced)).placements
+    return tuple(full[rm.mesh.axis_names.index(a)] if a in region.new or kept[auto.index(a)].is_shard()
+                 else kept[auto.index(a)] for a in names)
+
+
+def _mixed(plan: _Plan, kept: tuple[Any, ...], sliced: set[str]) -> bool:
+    """Whether a dim the argument is replicated over (``sliced``) is also split over an automatic axis."""
+    return bool({p.dim for p in kept if p.is_shard()} & {d for d, axes in plan.gathers if sliced & set(axes)})
 
 
 class _Local(torch.autograd.Function):
@@ -502,7 +529,6 @@ def _exit_partial(region: Region, path: Any, leaf: torch.Tensor, plan: _Plan) ->
         kept = tuple(leaf.placements)
     else:
         kept = (Replicate(),) * len(inner)
-    _check_unmixed(region, path, plan, kept)
     types = region.types_of(leaf) if region.check_vma else _vma.INVARIANT
     if region.check_vma:
         missing = plan.axes - types.varying
@@ -513,9 +539,10 @@ def _exit_partial(region: Region, path: Any, leaf: torch.Tensor, plan: _Plan) ->
     if not region.check_vma and plan.unnamed:
         local = _Scale.apply(local, 1.0 / axes_size(rm, plan.unnamed))
     dm, names = _outer_mesh(region)
-    placements = [plan.placements[rm.mesh.axis_names.index(a)] if a in region.new else kept[inner.index(a)]
-                  for a in names]
-    out = DTensor.from_local(local, dm, placements, run_check=False)
+    if any(type(p) is not Shard and isinstance(p, Shard) for p in kept):
+        raise MeshError(requires("shard_map", "results sharded over the automatic axes by Shard placements",
+                                 _path(path), f"a DTensor with placements {kept}"), mesh=rm.mesh)
+    out = DTensor.from_local(local, dm, _merged(region, plan, kept, names), run_check=False)
     if region.outer is not None and region.check_vma:  # the enclosing region's axes: its type of the result
         region.outer.record(out, types.varying & region.outer.axes, types.unreduced & region.outer.axes)
     return out

@@ -89,7 +89,7 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
         f: the per-shard function (or omit it to use ``shard_map(...)`` as a decorator).
         in_specs: a ``PartitionSpec`` per argument, or any pytree prefix of the arguments.
         out_specs: a ``PartitionSpec`` per result, or any pytree prefix of the results.
-        mesh: a ``RealizedMesh``; ``None`` = the current ``with rm:`` mesh, at call time.
+        mesh: a ``RealizedMesh``; ``None`` = the enclosing region's, else the current ``with rm:`` mesh, at call time.
         check_vma: track which axes each tensor varies over, insert the implicit ``pvary``s and
             check the results against out_specs (docs/shard_map.md); ``False`` trusts out_specs.
         axis_names: the axes the region is manual over (a set; ``None``: every axis); the others stay
@@ -193,7 +193,8 @@ def _region(rm: RealizedMesh, check_vma: bool, names: tuple[str, ...] | None) ->
 
 def _call(f: Callable[..., Any], mesh: RealizedMesh | None, check_vma: bool, in_specs: Any, out_specs: Any,
           args: tuple, names: tuple[str, ...] | None = None) -> Any:
-    rm = resolve_mesh("shard_map", mesh)
+    enclosing = current_region() if mesh is None else None
+    rm = enclosing.rm if isinstance(enclosing, Region) else resolve_mesh("shard_map", mesh)  # nested: its mesh
     if rm.coordinate is None:
         raise member_error("shard_map", rm)
     region = _region(rm, check_vma, names)
