@@ -361,7 +361,7 @@ def _enter_partial(region: Region, path: Any, value: torch.Tensor, plan: _Plan) 
                 f"them), but {_path(path)} is a "
                 f"DTensor with placements {placements} on {value.device_mesh} and its spec is {plan.spec}; "
                 f"redistribute it first (communication is always explicit)", mesh=rm.mesh)
-        kept = tuple(Shard(p.dim) if p.is_shard() else p for p in kept)  # on the submesh: in its own order
+        kept = tuple(Shard(p.dim) if _shards(p) else p for p in kept)  # on the submesh: in its own order
         shape = [n // plan.sizes[d] if d < len(plan.sizes) else n for d, n in enumerate(value.shape)]
         local = value.to_local()
         for dim, axes in plan.gathers:
@@ -391,7 +391,7 @@ def _merged(region: Region, plan: _Plan, kept: tuple[Any, ...], names: tuple[str
     rm, auto = region.rm, region.auto
     by_dim: dict[int, list[str]] = {}
     for p, a in zip(kept, auto, strict=True):
-        if p.is_shard():
+        if _shards(p):
             by_dim.setdefault(p.dim, []).append(a)
     if not by_dim:
         return tuple(plan.placements[rm.mesh.axis_names.index(a)] if a in region.new else kept[auto.index(a)]
@@ -399,13 +399,19 @@ def _merged(region: Region, plan: _Plan, kept: tuple[Any, ...], names: tuple[str
     rank = max([len(plan.axes_of)] + [d + 1 for d in by_dim])
     entries = [tuple(plan.axes_of[d] if d < len(plan.axes_of) else ()) + tuple(by_dim.get(d, ())) for d in range(rank)]
     full = NamedSharding(rm.mesh, PartitionSpec(*[e or None for e in entries], unreduced=plan.unreduced)).placements
-    return tuple(full[rm.mesh.axis_names.index(a)] if a in region.new or kept[auto.index(a)].is_shard()
+    return tuple(full[rm.mesh.axis_names.index(a)] if a in region.new or _shards(kept[auto.index(a)])
                  else kept[auto.index(a)] for a in names)
+
+
+def _shards(p: Any) -> bool:
+    """Whether the placement ``p`` splits a dim: a ``Shard`` or a ``_StridedShard`` (not a subclass of it on
+    every torch), not a ``Replicate`` or ``Partial``."""
+    return isinstance(getattr(p, "dim", None), int)
 
 
 def _mixed(plan: _Plan, kept: tuple[Any, ...], sliced: set[str]) -> bool:
     """Whether a dim the argument is replicated over (``sliced``) is also split over an automatic axis."""
-    return bool({p.dim for p in kept if p.is_shard()} & {d for d, axes in plan.gathers if sliced & set(axes)})
+    return bool({p.dim for p in kept if _shards(p)} & {d for d, axes in plan.gathers if sliced & set(axes)})
 
 
 class _Local(torch.autograd.Function):
@@ -539,7 +545,7 @@ def _exit_partial(region: Region, path: Any, leaf: torch.Tensor, plan: _Plan) ->
     if not region.check_vma and plan.unnamed:
         local = _Scale.apply(local, 1.0 / axes_size(rm, plan.unnamed))
     dm, names = _outer_mesh(region)
-    if any(type(p) is not Shard and isinstance(p, Shard) for p in kept):
+    if any(_shards(p) and type(p) is not Shard for p in kept):
         raise MeshError(requires("shard_map", "results sharded over the automatic axes by Shard placements",
                                  _path(path), f"a DTensor with placements {kept}"), mesh=rm.mesh)
     out = DTensor.from_local(local, dm, _merged(region, plan, kept, names), run_check=False)

@@ -107,10 +107,12 @@ class TypedMode(TorchFunctionMode):
                 f"`{kind.name}` (torch.distributed) writes a result whose type a typed shard_map region cannot "
                 f"know: it would leave a tensor typed invariant while its values differ across ranks; use "
                 f"{C.RAW[func]} by axis name instead, or run this region with check_vma=False")
+        # (in a partial-manual region, torch's DTensor communicates over the other axes with c10d's functional
+        # ops: their results vary as their operands do over the manual axes, the default rule)
         flat, tree = _operands(args, kwargs)
         positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
         operands = [region.type_of(flat[i]) for i in positions]
-        if kind.role == "untypeable":
+        if kind.role == "untypeable" and not (region.partial and kind.name.startswith("_c10d_functional::")):
             raise _vma.op_error(kind.name, [(tuple(flat[i].shape), t) for i, t in zip(positions, operands,
                                                                                     strict=True)],
                                 "a custom op's result need not follow its inputs' types; run this region "
