@@ -209,7 +209,8 @@ def _call(f: Callable[..., Any], mesh: RealizedMesh | None, check_vma: bool, in_
                 finally:
                     outer.mode.region = outer
             elif check_vma:  # typed: a mode sees every op
-                with TypedMode(region) as region.mode:
+                region.mode = TypedMode(region)
+                with region.mode:
                     out = f(*local)
             else:  # untyped: plain torch; only the collectives ask for the region
                 out = f(*local)
