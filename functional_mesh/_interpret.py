@@ -51,7 +51,7 @@ class TypedMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         region = self.region
-        if not region.traced:
+        if not (region.traced or region.partial):  # (a partial-manual region's DTensors: the general path)
             plain = self.plain.get(func)
             if plain is None:
                 kind = op_kind(func)

@@ -99,6 +99,8 @@ class Region:
 
     def type_of(self, t: torch.Tensor) -> frozenset[str]:
         """The axes ``t`` varies over; a tensor the region never saw (created outside) is invariant."""
+        if self.partial and isinstance(t, DTensor):
+            t = self._holder(t)
         if self.traced:
             return self.types.get(t, NOTHING)
         tag = getattr(t, TAG, None)
@@ -108,6 +110,8 @@ class Region:
         """The axes ``t`` is a pending sum over (none for a tensor the region never saw)."""
         if self.unreduced is None:
             return NOTHING
+        if self.partial and isinstance(t, DTensor):
+            t = self._holder(t)
         if self.traced:
             return self.unreduced.get(t, NOTHING)
         tag = getattr(t, TAG, None)
@@ -115,11 +119,22 @@ class Region:
 
     def types_of(self, t: torch.Tensor) -> _vma.AxisTypes:
         """``t``'s whole type: the axes it varies over and those it is a pending sum over."""
+        if self.partial and isinstance(t, DTensor):
+            t = self._holder(t)
         if self.traced:
             return _vma.AxisTypes(self.types.get(t, NOTHING), NOTHING if self.unreduced is None else
                                   self.unreduced.get(t, NOTHING))
         tag = getattr(t, TAG, None)
         return _vma.AxisTypes(tag.axes, tag.unreduced) if tag is not None and tag.region is self else _vma.INVARIANT
+
+    def _holder(self, t: DTensor) -> torch.Tensor:
+        """Where a DTensor's type is: on it, or (one ``DTensor.from_local`` made in the region, which no op of the
+        interpreter sees) on its local tensor; :meth:`record` types both, so ``to_local`` keeps it too."""
+        if self.traced:
+            return t if t in self.types or (self.unreduced is not None and t in self.unreduced) else \
+                _torch.local_tensor(t)
+        tag = getattr(t, TAG, None)
+        return t if tag is not None and tag.region is self else _torch.local_tensor(t)
 
     def tag_for(self, axes: frozenset[str]) -> Tag:
         """The region's one tag of a tensor that varies over ``axes`` (eagerly)."""
@@ -133,6 +148,8 @@ class Region:
         if out.__class__ is Pending:  # async_op=True: its tensor takes this type when waited for
             out.when_waited(self.record, axes, unreduced)
             return
+        if self.partial and isinstance(out, DTensor):  # and its local tensor, which to_local views
+            self.record(_torch.local_tensor(out), axes, unreduced)
         if unreduced or (self.unreduced is not None and self.traced):
             self._record_unreduced(out, axes, unreduced)
             return

@@ -39,6 +39,8 @@ def test_inside_a_dtensor_over_the_other_axes_typed_over_the_manual_ones(rm):
         seen["w"] = (tuple(w.placements), tuple(w.shape), fm.typeof(w))
         seen["sum"] = fm.typeof(fm.psum(v * w, "tp"))
         seen["rand"] = fm.typeof(torch.rand(2) + 0 * v.to_local().sum())  # random: varies over the manual axes
+        local = v.to_local()  # the type survives leaving the DTensor and coming back (DTensor.from_local)
+        seen["local"] = (fm.typeof(local), fm.typeof(DTensor.from_local(local * 2, v.device_mesh, v.placements)))
         return v * 2
 
     out = fm.shard_map(f, in_specs=(P(None, "tp"), P()), out_specs=P(None, "tp"), mesh=rm, axis_names={"tp"})(
@@ -47,6 +49,7 @@ def test_inside_a_dtensor_over_the_other_axes_typed_over_the_manual_ones(rm):
     assert seen["w"] == ((Replicate(),), (8, 2), fm.AxisTypes(frozenset()))  # a plain tensor: replicated there
     assert seen["sum"] == fm.AxisTypes(frozenset())
     assert seen["rand"] == fm.AxisTypes(frozenset({"tp"}))  # not dp: the region is not manual over it
+    assert seen["local"] == (fm.AxisTypes(frozenset({"tp"})),) * 2
     assert tuple(out.placements) == (Shard(0), Shard(1)) and out.shape == (8, 8)
     torch.testing.assert_close(out.to_local(), 2 * x.to_local())
 
