@@ -104,11 +104,12 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
         TypeError: ``f`` is not callable, ``check_vma`` is not a bool, a spec leaf is not a
             ``PartitionSpec``, or ``mesh`` is not a ``RealizedMesh``.
         MeshError: when called: no mesh (``mesh=None`` outside ``with rm:``), a rank outside the
-            mesh, a nested region, specs that are no pytree prefix of the values, a sharded dim
-            that does not divide evenly, a DTensor sharded otherwise than its spec.
-        VmaError: when called with ``check_vma=True``: a result varies over an axis its out_spec
-            does not name (one error lists every such result, with its fix), or an op the region
-            cannot type.
+            mesh, a nested region over axes already manual, a spec naming an axis not in ``axis_names``,
+            specs that are no pytree prefix of the values, a sharded dim that does not divide
+            evenly, a DTensor sharded otherwise than its spec.
+        VmaError: a collective over an axis not in ``axis_names``; with ``check_vma=True``: a result
+            varies over an axis its out_spec does not name (one error lists every such result, with
+            its fix), or an op the region cannot type.
 
     Examples:
         >>> double = fm.shard_map(lambda x: x * 2, in_specs=P("tp"), out_specs=P("tp"), mesh=rm)
