@@ -398,9 +398,11 @@ def _merged(region: Region, plan: _Plan, kept: tuple[Any, ...], names: tuple[str
                      for a in names)
     rank = max([len(plan.axes_of)] + [d + 1 for d in by_dim])
     entries = [tuple(plan.axes_of[d] if d < len(plan.axes_of) else ()) + tuple(by_dim.get(d, ())) for d in range(rank)]
-    full = NamedSharding(rm.mesh, PartitionSpec(*[e or None for e in entries], unreduced=plan.unreduced)).placements
-    return tuple(full[rm.mesh.axis_names.index(a)] if a in region.new or _shards(kept[auto.index(a)])
-                 else kept[auto.index(a)] for a in names)
+    full = NamedSharding(rm.mesh, PartitionSpec(*[e or None for e in entries])).placements
+    mixed = {a for d in by_dim if d < len(plan.axes_of) for a in plan.axes_of[d]}  # manual axes of a mixed dim
+    return tuple((full if a in mixed else plan.placements)[rm.mesh.axis_names.index(a)] if a in region.new else
+                 full[rm.mesh.axis_names.index(a)] if _shards(kept[auto.index(a)]) else kept[auto.index(a)]
+                 for a in names)
 
 
 def _shards(p: Any) -> bool:
