@@ -244,7 +244,6 @@ def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, ti
 
     Raises:
         The shared errors (docs/api.md), and:
-        TypeError: ``tiled`` not a bool.
         MeshError: ``dim`` out of range or not divisible.
 
     Examples:
@@ -273,7 +272,6 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
 
     Raises:
         The shared errors (docs/api.md), and:
-        TypeError: ``tiled`` not a bool.
         MeshError: a dim out of range, ``split_dim`` not divisible.
 
     Examples:
@@ -301,7 +299,6 @@ def ragged_all_to_all(x: torch.Tensor, axis: str | Sequence[str], send_sizes: An
 
     Raises:
         The shared errors (docs/api.md), and:
-        TypeError: sizes not ints.
         MeshError: sizes of the wrong length, negative or not summing to ``x``'s rows; tensor sizes or
             ``recv_sizes=None`` under torch.compile; a tuple without its product group.
 

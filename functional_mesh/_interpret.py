@@ -1,15 +1,9 @@
 """The interpreter of a typed ``shard_map`` region: a ``TorchFunctionMode`` that types every torch op.
 
-For each op it asks the tables (``_op_rules`` for torch functions, ``_collectives`` for ours), takes
-the rule (``_vma``: the default rule, or the exception's), inserts the implicit casts the rule asks
-for before the op runs (:meth:`_region.Region.cast`), runs it and records the result's type. It never
-names a particular op or collective.
-
-What it costs eagerly: the common op (tensors and scalars, positional or scalar keyword arguments,
-nothing written, nothing drawn) is one table lookup and one pass of :func:`_operand_types` over its
-arguments, one attribute read per tensor; operands of one type need no rule at all, operands of
-several types take the default rule's answer cached per operand types, and each cast's cached
-tensor. Every other op takes the general path (:meth:`TypedMode._typed`).
+For each op: the tables' rule (``_op_rules``, ``_collectives``; ``_vma``'s default otherwise), the
+casts it asks for (:meth:`_region.Region.cast`), the op, the result's type; it never names an op or
+a collective. One scan of the operands (:func:`_operand_types`) serves the common op; every other
+takes :meth:`TypedMode._typed` (docs/design.md, "Type rules" and "Eager cost").
 """
 
 from __future__ import annotations
@@ -57,7 +51,7 @@ class TypedMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         region = self.region
-        if not region.traced:
+        if not (region.traced or region.partial):  # (a partial-manual region's DTensors: the general path)
             plain = self.plain.get(func)
             if plain is None:
                 kind = op_kind(func)
@@ -113,10 +107,12 @@ class TypedMode(TorchFunctionMode):
                 f"`{kind.name}` (torch.distributed) writes a result whose type a typed shard_map region cannot "
                 f"know: it would leave a tensor typed invariant while its values differ across ranks; use "
                 f"{C.RAW[func]} by axis name instead, or run this region with check_vma=False")
+        # (in a partial-manual region, torch's DTensor communicates over the other axes with c10d's functional
+        # ops: their results vary as their operands do over the manual axes, the default rule)
         flat, tree = _operands(args, kwargs)
         positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
         operands = [region.type_of(flat[i]) for i in positions]
-        if kind.role == "untypeable":
+        if kind.role == "untypeable" and not (region.partial and kind.name.startswith("_c10d_functional::")):
             raise _vma.op_error(kind.name, [(tuple(flat[i].shape), t) for i, t in zip(positions, operands,
                                                                                     strict=True)],
                                 "a custom op's result need not follow its inputs' types; run this region "

@@ -1,21 +1,9 @@
 """The table of exceptions: which torch functions do not follow the default type rule, and how.
 
-Keys are the function objects a ``TorchFunctionMode`` receives (``torch.rand``,
-``torch.Tensor.normal_``, ``torch.nn.functional.dropout``, our collectives, ...). Every spelling
-of one op is registered together, and a key registered twice is an error at import time. An op
-that is in no table follows :func:`functional_mesh._vma.default_rule`: the result varies over
-the union of its tensor operands' axes. What is here:
-
-- ``PASS_THROUGH``: metadata and queries (``x.shape``, ``x.size()``, ``x.item()``, ...): no typing;
-- random ops: the result varies over every axis of the region's mesh;
-- collectives: ours are records of ``_collectives``' table (rule, parameters, communication), which
-  the region applies; torch.distributed's own (``dist.all_reduce``, ...) are refused in a typed region;
-- in-place writes are recognised by name (``add_``, ``__iadd__``, ``__setitem__``) or by an
-  ``out=`` / ``inplace=True`` argument (:func:`written_operand`);
-- custom ops (``torch.ops.<namespace>.*`` outside aten/prims) cannot be typed: :func:`is_untypeable`;
-- ``LINEAR``: the ops that keep a pending sum (a value unreduced over some axes), each with its
-  kind (``_vma.LINEAR_KINDS``): every other op refuses one. The table is beside the others, not
-  part of them: a linear op follows the default rule on values that are not pending.
+Keys are the function objects a ``TorchFunctionMode`` receives, every spelling of one op registered
+together (a key twice is an import-time error); an op in no table follows
+:func:`functional_mesh._vma.default_rule`. What the tables hold (``PASS_THROUGH``, random ops,
+collectives, in-place writes, custom ops, ``LINEAR``): docs/design.md, "Type rules".
 """
 
 from __future__ import annotations

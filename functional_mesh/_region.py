@@ -1,17 +1,9 @@
 """A ``shard_map`` region's state: its mesh, the types of its tensors, the casts it made, its collectives.
 
-One :class:`Region` per call of a mapped function. Eagerly a tensor's type is an attribute of the
-tensor (a :class:`Tag` naming the region, under :data:`TAG`): one attribute read per operand is the
-cheapest lookup there is, a tensor the region never typed (made outside, or by an earlier region)
-reads as invariant, and :meth:`Region.close` removes the tags from every tensor the boundary handed
-in, as the boundary does from every result, so none is seen outside. Under torch.compile the types
-are a plain dict of the traced tensors, which dynamo tracks: they are decided while tracing and are
-no part of the compiled code.
-
-The region applies each collective's record (``_collectives``): its rule, the cast the rule asks
-for, its result's type, and what an out_specs error should suggest of that result (the record's
-``fix``). It names no collective of its own but the implicit cast (``pvary``: identity forward,
-``psum`` backward), which it makes itself.
+One :class:`Region` per call of a mapped function; eagerly a tensor's type is a :class:`Tag` on it
+(under :data:`TAG`), under torch.compile a dict of the trace, and :meth:`Region.close` removes the
+tags the boundary handed in. It applies each collective's record and names none but the implicit
+``pvary`` cast (docs/design.md, "Type rules").
 """
 
 from __future__ import annotations
@@ -20,6 +12,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor, Partial, Shard
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import _collectives as C
@@ -29,7 +22,7 @@ from ._errors import MeshError, UnknownAxisError, requires
 from ._handle import RealizedMesh, resolve_mesh, selected_from
 from ._pending import Pending
 
-__all__ = ["NOTHING", "TAG", "Region", "Tag"]
+__all__ = ["NOTHING", "TAG", "Region", "Tag", "rewrap"]
 
 NOTHING: frozenset[str] = frozenset()  # the one empty type: the interpreter compares types by identity first
 
@@ -74,12 +67,20 @@ class Region:
     """One call of a mapped function: its realized mesh, whether it is typed, and the types."""
 
     __slots__ = ("rm", "check_vma", "axes", "traced", "trace", "types", "tags", "sources", "random", "entered",
-                 "casts", "unreduced", "more", "waiting")
+                 "casts", "unreduced", "more", "waiting", "new", "outer", "auto", "partial", "mode")
 
-    def __init__(self, rm: RealizedMesh, check_vma: bool) -> None:
+    def __init__(self, rm: RealizedMesh, check_vma: bool, new: frozenset[str] | None = None,
+                 outer: Region | None = None) -> None:
         self.rm = rm
         self.check_vma = check_vma
-        self.axes = frozenset(rm.mesh.axis_names)
+        # manual over ``new`` (default: every axis), and over the enclosing region's manual axes; the other
+        # axes (``auto``, in mesh order) stay DTensor dims inside (docs/shard_map.md, "Manual over some axes")
+        self.new = frozenset(rm.mesh.axis_names) if new is None else new
+        self.outer = outer
+        self.axes: frozenset[str] = self.new if outer is None else self.new | outer.axes  # every manual axis
+        self.auto = tuple(a for a in rm.mesh.axis_names if a not in self.axes)
+        self.partial = bool(self.auto) or outer is not None
+        self.mode: Any = None  # the TypedMode that types this region's ops (a nested region borrows its outer's)
         self.traced = torch.compiler.is_compiling()
         self.trace = _trace_id() if self.traced else 0  # the trace the types belong to
         self.types: dict[Any, frozenset[str]] = {}  # under torch.compile: traced tensor -> axes
@@ -103,6 +104,8 @@ class Region:
 
     def type_of(self, t: torch.Tensor) -> frozenset[str]:
         """The axes ``t`` varies over; a tensor the region never saw (created outside) is invariant."""
+        if self.partial and isinstance(t, DTensor):
+            t = self._holder(t)
         if self.traced:
             return self.types.get(t, NOTHING)
         tag = getattr(t, TAG, None)
@@ -112,6 +115,8 @@ class Region:
         """The axes ``t`` is a pending sum over (none for a tensor the region never saw)."""
         if self.unreduced is None:
             return NOTHING
+        if self.partial and isinstance(t, DTensor):
+            t = self._holder(t)
         if self.traced:
             return self.unreduced.get(t, NOTHING)
         tag = getattr(t, TAG, None)
@@ -120,6 +125,8 @@ class Region:
     def types_of(self, t: torch.Tensor) -> _vma.AxisTypes:
         """``t``'s whole type: the axes it varies over, those it is a pending reduction over (and its kind),
         and those it is reduced over."""
+        if self.partial and isinstance(t, DTensor):
+            t = self._holder(t)
         if self.traced:
             if self.unreduced is None:
                 return _vma.AxisTypes(self.types.get(t, NOTHING))
@@ -129,6 +136,15 @@ class Region:
         if tag is None or tag.region is not self:
             return _vma.INVARIANT
         return _vma.AxisTypes(tag.axes, tag.unreduced, tag.reduced, tag.kind)
+
+    def _holder(self, t: DTensor) -> torch.Tensor:
+        """Where a DTensor's type is: on it, or (one ``DTensor.from_local`` made in the region, which no op of the
+        interpreter sees) on its local tensor; :meth:`record` types both, so ``to_local`` keeps it too."""
+        if self.traced:
+            return t if t in self.types or t in self.more or (self.unreduced is not None and t in self.unreduced) else \
+                _torch.local_tensor(t)
+        tag = getattr(t, TAG, None)
+        return t if tag is not None and tag.region is self else _torch.local_tensor(t)
 
     def tag_for(self, axes: frozenset[str]) -> Tag:
         """The region's one tag of a tensor that varies over ``axes`` (eagerly)."""
@@ -144,6 +160,8 @@ class Region:
         if out.__class__ is Pending:  # async_op=True: its tensor takes this type when waited for
             out.when_waited(self.record, axes, unreduced, reduced, kind)
             return
+        if self.partial and isinstance(out, DTensor):  # and its local tensor, which to_local views
+            self.record(_torch.local_tensor(out), axes, unreduced, reduced, kind)
         if unreduced or reduced or (self.unreduced is not None and self.traced):
             self._record_unreduced(out, axes, unreduced, reduced, kind if unreduced else "sum")
             return
@@ -240,6 +258,8 @@ class Region:
 
     def pvary(self, x: torch.Tensor, axes: tuple[str, ...]) -> torch.Tensor:
         """The cast the region makes itself (no type recorded): identity forward, ``psum`` over ``axes`` backward."""
+        if isinstance(x, DTensor):  # a partial-manual region's value: the cast is of its local tensor
+            return rewrap(x, C.PVARY.run(bind(C.PVARY, x.to_local(), axes, self.rm, {})), True)
         return C.PVARY.run(bind(C.PVARY, x, axes, self.rm, {}))
 
     def cast(self, x: torch.Tensor, axes: frozenset[str]) -> torch.Tensor:
@@ -307,6 +327,10 @@ class Region:
         except UnknownAxisError as error:  # name the region's mesh: the axis may exist outside it
             raise UnknownAxisError(f"{error.args[0]} (inside shard_map over {rm.mesh!r}{selected(rm)})",
                                    mesh=rm.mesh) from None
+        if self.partial:
+            self._check_manual(api, call.names)
+            if isinstance(x, DTensor):  # over the local tensor, the other axes' placements kept
+                return self._on_local(rec, x, call)
         if rec.rule is None:  # no tensor, no type (axis_size)
             return rec.run(call)
         if not self.check_vma:
@@ -329,6 +353,51 @@ class Region:
                 self.sources[out] = (frozenset(call.names), fix)
         return out
 
+    def _check_manual(self, api: str, names: tuple[str, ...]) -> None:
+        """A collective in a partial-manual region talks over its manual axes only (JAX: an unbound axis name)."""
+        auto = [a for a in names if a not in self.axes]
+        if auto:
+            raise _vma.VmaError(
+                f"`{api}` over {auto[0]!r} inside a shard_map region requires an axis that is manual in this region "
+                f"(axis_names: {tuple(a for a in self.rm.mesh.axis_names if a in self.axes)}), but {auto[0]!r} is "
+                f"not manual in this region: it stays a DTensor dim inside, and torch's DTensor communicates over "
+                f"it (x.redistribute(...)); add {auto[0]!r} to axis_names, or call `{api}` outside the region")
+
+    def _on_local(self, rec: Collective, x: DTensor, call: Any) -> Any:
+        """A collective of a DTensor operand (a partial-manual region's value): over its local tensor, then
+        the DTensor again with the same placements over the other axes."""
+        api, params = rec.name, call.params
+        dims = [params[k] for k in ("dim", "split_dim", "concat_dim") if isinstance(params.get(k), int)]
+        if api == "ragged_all_to_all":
+            dims.append(0)
+        sharded = [p.dim for p in x.placements if isinstance(p, Shard)]
+        if sharded and (dims and (not params.get("tiled", True) or {d % x.ndim for d in dims} & set(sharded))):
+            raise MeshError(requires(api, "inside a partial-manual shard_map region, a DTensor operand not sharded "
+                                     "over its other axes along the dims the collective moves", "placements",
+                                     tuple(x.placements), f"dims {dims}")
+                            + "; redistribute it (x.redistribute(placements=...)) so those dims are Replicate first",
+                            mesh=self.rm.mesh)
+        if api in ("pmax", "pmin") and any(isinstance(p, Partial) for p in x.placements):
+            raise MeshError(requires(api, "a DTensor operand with no Partial placement (a maximum of pending sums is "
+                                     "no maximum)", "placements", tuple(x.placements))
+                            + "; redistribute it to Replicate first", mesh=self.rm.mesh)
+        if call.slot is not None:
+            raise MeshError(requires(api, "async_op=False for a DTensor operand (a partial-manual region's value)",
+                                     "async_op", True), mesh=self.rm.mesh)
+        types = self.types_of(x) if self.check_vma else _vma.INVARIANT
+        local = x.to_local()
+        self.record(local, types.varying, types.unreduced)
+        params = dict(params) if call.op_dtype is None else {**params, "op_dtype": call.op_dtype}
+        out = self.collective(rec, local, call.names, None, params)
+        self.forget(local)
+        if not isinstance(out, torch.Tensor):
+            return out
+        y = rewrap(x, out, out.shape == local.shape)
+        if self.check_vma:
+            self.record(y, self.type_of(out), self.unreduced_of(out))
+            self.forget(out)
+        return y
+
     def fix_for(self, t: torch.Tensor, extra: frozenset[str]) -> str | None:
         """The fix an out_specs error suggests for ``t``, which varies over the axes ``extra`` its spec does
         not name, where the collective that made it over those axes says one (its record's ``fix``)."""
@@ -340,6 +409,15 @@ class Region:
     def issued(self, pending: Pending) -> None:
         """A collective issued in the region with ``async_op=True``: the exit checks it was waited for."""
         self.waiting.append(pending)
+
+
+def rewrap(x: DTensor, local: torch.Tensor, same: bool) -> DTensor:
+    """``local`` as a DTensor with ``x``'s mesh and placements: ``x``'s shape where ``same`` (the local shape
+    unchanged), else one from ``local``'s (evenly sharded)."""
+    if same:
+        return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False, shape=x.shape,
+                                  stride=x.stride())
+    return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False)
 
 
 def selected(rm: RealizedMesh) -> str:

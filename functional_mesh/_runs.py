@@ -1,12 +1,8 @@
 """How each collective runs a bound call: its parameters checked, its steps over the call's groups.
 
-One function (or a few) per collective, which its record (``_collectives``) holds: ``psum`` is
-``run`` of ``psum``'s record, ``psum_untyped`` its untyped-region convention, ``describe_gather``
-what the debug check compares of an ``all_gather``, and so on. Each takes a :class:`~functional_mesh._call.Call`
-that ``_call.bind`` checked, plans its steps (``_steps``: one communication each, with its transpose)
-over ``call.hops()``, innermost or outermost axis first as the collective needs, and passes each one
-through ``_call.apply_step``. The semantics, groups and autograd rules of each collective are told
-in ``_collectives``; nothing here is public.
+One function (or a few) per collective, held by its record (``_collectives``): ``run``, the untyped
+convention, the debug check's text. Each plans its ``_steps`` over ``call.hops()`` and passes each
+through ``_call.apply_step``. Nothing here is public.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Varying-axes types of ``shard_map`` regions: the values, the rules, the messages (pure: no torch).
 
-Inside a typed region every tensor carries the mesh axes it *varies* over (JAX's "vma"); over
-the others it is *invariant*, and over some it may be *unreduced* (a pending sum). What the three
-types mean, the one default rule (the union of the operands' axes, with a ``pvary`` cast of an
-invariant operand) and how a pending sum is kept and ended: docs/design.md, "Type rules" and
-"Pending sums". Here are the values and the collectives' rules, pure functions of types that
-return a :class:`Rule`: per operand the axes to cast first, and the result type.
-
-Nothing here runs an op: ``_op_rules.py`` maps torch functions to these rules and
-``_interpret.py`` interprets them. Type errors are :class:`VmaError`, a ``MeshError`` (so a
-``ValueError``): never a ``TypeError``, which torch turns into "unsupported operand type(s)" when
-it is raised inside ``__torch_function__`` of a reflected operator (``2 - x``).
-
-Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
+What the types mean, the default rule and pending sums: docs/design.md, "Type rules" and "Pending
+sums". Here are the values and the collectives' rules, pure functions of types that return a
+:class:`Rule`; ``_op_rules`` maps torch functions to them, ``_interpret`` applies them. Type errors
+are :class:`VmaError`, never a ``TypeError`` (docs/design.md, "Errors").
 """
 
 from __future__ import annotations

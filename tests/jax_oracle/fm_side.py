@@ -185,6 +185,66 @@ def nondivisible_tuple(x):
     return x
 
 
+@body
+def partial_row_parallel_matmul(x, w):
+    return fm.psum(x @ w, "y")
+
+
+@body
+def partial_mlp(x, w1, b1, w2, b2):
+    h = torch.relu(x @ w1 + b1)
+    return fm.psum(h @ w2, "y") + b2
+
+
+@body
+def partial_axis_index(x):
+    return x * (fm.axis_index("y") + 1) * fm.axis_size("y")
+
+
+@body
+def partial_gather_permute(x):
+    return fm.all_gather(x, "y", dim=0, tiled=True, to="invariant"), fm.ppermute(torch.sin(x), "y", ring(4))
+
+
+@body
+def partial_out_specs_varying(x):
+    return x * 2.0
+
+
+@body
+def partial_psum_over_auto_axis(x):
+    return fm.psum(x, "x")
+
+
+@body
+def partial_in_spec_auto_axis(x):
+    return x
+
+
+@body
+def partial_out_spec_auto_axis(x):
+    return x
+
+
+@body
+def nested_disjoint(x):
+    # mesh=None inside a region: the enclosing region's mesh (JAX: the context mesh)
+    inner = fm.shard_map(lambda z: (fm.psum(z, "x"), fm.psum(z * z, "y")), in_specs=fm.P("x"),
+                         out_specs=(fm.P(), fm.P("x")), axis_names={"x"})
+    a, b = inner(x)
+    return a * 2.0, b
+
+
+@body
+def nested_inner_out_specs_varying(x):
+    return fm.shard_map(lambda z: z * 2.0, in_specs=fm.P("x"), out_specs=fm.P(), axis_names={"x"})(x)
+
+
+@body
+def nested_same_axis(x):
+    return fm.shard_map(lambda z: z, in_specs=fm.P("y"), out_specs=fm.P("y"), axis_names={"y"})(x)
+
+
 def generated_body(program: Program) -> Callable[..., Any]:
     """The chain of ``program.steps`` (the same interpreter as ``jax_side.generated_body``)."""
 
@@ -233,7 +293,8 @@ def execute(program: Program, fn: Callable[..., Any], rank: int | None = None) -
                               "error": None}
     try:
         out = fm.shard_map(fn, in_specs=programs.in_tree(program, fm.P),
-                           out_specs=programs.out_tree(program, fm.P), mesh=rm)(*args)
+                           out_specs=programs.out_tree(program, fm.P), mesh=rm,
+                           axis_names=set(program.axis_names) or None)(*args)
     except fm.MeshError as e:
         result["error"] = (type(e).__name__, str(e), [k.__name__ for k in type(e).__mro__])
         return result
@@ -241,6 +302,9 @@ def execute(program: Program, fn: Callable[..., Any], rank: int | None = None) -
     for o, spec in zip(outs, program.out_specs):
         want = fm.NamedSharding(rm.mesh, fm.P(*spec)).placements
         got = tuple(getattr(o, "placements", ()))
+        if program.axis_names:  # manual over some axes: the others are placed as the body's DTensors were
+            manual = [i for i, a in enumerate(program.axes) if a in program.axis_names]
+            want, got = tuple(want[i] for i in manual), tuple(got[i] for i in manual) if got else got
         result["placements"].append((type(o).__name__, repr(got), repr(tuple(want)), got == tuple(want)))
     fulls = [o.full_tensor() for o in outs]
     result["outputs"] = [f.detach().numpy().copy() for f in fulls]

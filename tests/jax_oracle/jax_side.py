@@ -191,6 +191,71 @@ def nondivisible_tuple(x):
     return x
 
 
+@body
+def partial_row_parallel_matmul(x, w):
+    return lax.psum(x @ w, "y")
+
+
+@body
+def partial_mlp(x, w1, b1, w2, b2):
+    h = jax.nn.relu(x @ w1 + b1)
+    return lax.psum(h @ w2, "y") + b2
+
+
+@body
+def partial_axis_index(x):
+    return x * (lax.axis_index("y") + 1) * lax.axis_size("y")
+
+
+@body
+def partial_gather_permute(x):
+    return lax.all_gather(x, "y", axis=0, tiled=True, to="invarying"), lax.ppermute(jnp.sin(x), "y", ring(4))
+
+
+@body
+def partial_out_specs_varying(x):
+    return x * 2.0
+
+
+@body
+def partial_psum_over_auto_axis(x):
+    return lax.psum(x, "x")
+
+
+@body
+def partial_in_spec_auto_axis(x):
+    return x
+
+
+@body
+def partial_out_spec_auto_axis(x):
+    return x
+
+
+@body
+def nested_disjoint(x):
+    from jax.sharding import PartitionSpec as P
+
+    inner = jax.shard_map(lambda z: (lax.psum(z, "x"), lax.psum(z * z, "y")), in_specs=P("x"),
+                          out_specs=(P(), P("x")), axis_names={"x"})
+    a, b = inner(x)
+    return a * 2.0, b
+
+
+@body
+def nested_inner_out_specs_varying(x):
+    from jax.sharding import PartitionSpec as P
+
+    return jax.shard_map(lambda z: z * 2.0, in_specs=P("x"), out_specs=P(), axis_names={"x"})(x)
+
+
+@body
+def nested_same_axis(x):
+    from jax.sharding import PartitionSpec as P
+
+    return jax.shard_map(lambda z: z, in_specs=P("y"), out_specs=P("y"), axis_names={"y"})(x)
+
+
 def generated_body(program: Program) -> Callable[..., Any]:
     """The chain of ``program.steps`` (the same interpreter as ``fm_side.generated_body``)."""
 
@@ -236,8 +301,11 @@ def failure_kind(message: str) -> str:
         return programs.DIVISIBILITY
     if ("require replication which can't be statically inferred" in message
             or "can only accept axis_name which corresponds to" in message
-            or "Unsupported pcast" in message):
+            or "Unsupported pcast" in message
+            or "Found an unbound axis name" in message):  # a collective over an axis that is not manual
         return programs.VMA
+    if "argument must refer to an axis marked as manual" in message:
+        return programs.SPEC
     return "other"
 
 
@@ -247,7 +315,8 @@ def run_program(program: Program) -> tuple[list[np.ndarray], list[np.ndarray], d
     mesh = jax.make_mesh(program.sizes, program.axes, axis_types=(AxisType.Auto,) * len(program.axes))
     fn = generated_body(program) if program.generated else BODIES[program.name]
     f = jax.shard_map(fn, mesh=mesh, in_specs=programs.in_tree(program, PartitionSpec),
-                      out_specs=programs.out_tree(program, PartitionSpec), check_vma=True)
+                      out_specs=programs.out_tree(program, PartitionSpec), check_vma=True,
+                      axis_names=frozenset(program.axis_names))
     args = [jnp.asarray(a) for a in program.inputs()]
 
     def as_list(out: Any) -> list[Any]:

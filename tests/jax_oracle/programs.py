@@ -41,7 +41,8 @@ TOLERANCE = 1e-5  # absolute and relative, on outputs and gradients (float64 on 
 # failure kinds
 VMA = "vma"  # a type error: an op's check or the out_specs check (ours: VmaError)
 DIVISIBILITY = "divisibility"  # an argument's dim not divisible by its spec's axis sizes (ours: MeshError)
-KINDS = (VMA, DIVISIBILITY)
+SPEC = "spec"  # a spec naming an axis the region is not manual over (axis_names=; ours: MeshError)
+KINDS = (VMA, DIVISIBILITY, SPEC)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Program:
     message: tuple[str, ...] = ()  # regexes that our error message must each match
     steps: tuple[tuple[Any, ...], ...] = ()  # generated programs only: the chain of pieces
     generated: bool = False
+    axis_names: tuple[str, ...] = ()  # the region is manual over these axes only (() = every axis)
 
     def __post_init__(self) -> None:
         assert len(self.axes) == len(self.sizes) and int(np.prod(self.sizes)) == 8, self.name
@@ -221,6 +223,45 @@ HAND_WRITTEN: list[Program] = [
     _p("nondivisible_tuple", XY24, [(12, 2)], [(("x", "y"), None)], [(("x", "y"), None)],
        "dim of size 12 under P(('x','y'), None) with |x|*|y| = 8", grad=False, fails=DIVISIBILITY,
        message=(r"'x'", r"'y'", r"\b12\b")),
+]
+
+
+# -- regions manual over some axes (axis_names=) and nested ones: JAX 0.12's shard_map(..., axis_names=) --------
+#
+# Inside, JAX's values are global over the other axes; ours are DTensors there (replicated: the inputs are
+# full tensors). Nested programs: an outer region manual over 'y', an inner one manual over 'x' (the inner
+# region's collectives may name both).
+
+HAND_WRITTEN += [
+    _p("partial_row_parallel_matmul", XY24, [(6, 8), (8, 5)], [(None, "y"), ("y", None)], [()],
+       "manual over 'y' only: x @ w row-parallel, psum over 'y'", axis_names=("y",)),
+    _p("partial_mlp", XY24, [(4, 6), (6, 8), (8,), (8, 6), (6,)],
+       [(), (None, "y"), ("y",), ("y", None), ()], [()],
+       "manual over 'y' only: relu(x @ w1 + b1) @ w2 (column/row over 'y'), psum, + b2", axis_names=("y",)),
+    _p("partial_axis_index", XY24, [(8, 6)], [("y", None)], [("y",)],
+       "manual over 'y' only: x * (axis_index('y') + 1) * axis_size('y')", axis_names=("y",)),
+    _p("partial_gather_permute", XY24, [(8, 4)], [("y", None)], [(), ("y",)],
+       "manual over 'y' only: all_gather to='invariant' and a ppermute ring over 'y'", axis_names=("y",)),
+    _p("partial_out_specs_varying", XY24, [(8,)], [("y",)], [()],
+       "manual over 'y' only: a value varying over 'y' returned under P()", fails=VMA, message=OUT_P_Y,
+       axis_names=("y",)),
+    _p("partial_psum_over_auto_axis", XY24, [(8,)], [("y",)], [("y",)],
+       "manual over 'y' only: psum over 'x', an axis the region is not manual over", fails=VMA,
+       message=(r"psum", r"'x'", r"not manual"), axis_names=("y",)),
+    _p("partial_in_spec_auto_axis", XY24, [(8, 4)], [("x", None)], [("x", None)],
+       "manual over 'y' only: an in_spec that names 'x'", fails=SPEC,
+       message=(r"in_specs", r"'x'", r"not manual", r"axis_names"), axis_names=("y",)),
+    _p("partial_out_spec_auto_axis", XY24, [(8,)], [("y",)], [("x",)],
+       "manual over 'y' only: an out_spec that names 'x'", fails=SPEC,
+       message=(r"out_specs", r"'x'", r"not manual"), axis_names=("y",)),
+    _p("nested_disjoint", XY24, [(16, 4)], [("y", None)], [("y", None), ("y", None)],
+       "outer manual over 'y', inner over 'x': psum over 'x' and over 'y' (the outer axis) inside the inner "
+       "region, inner out_specs P() and P('x')", axis_names=("y",)),
+    _p("nested_inner_out_specs_varying", XY24, [(16, 4)], [("y", None)], [("y", None)],
+       "outer manual over 'y', inner over 'x': a value varying over 'x' returned by the inner region under P()",
+       fails=VMA, message=(r"out_spec", r"'x'", r"P\(\)"), axis_names=("y",)),
+    _p("nested_same_axis", XY24, [(8, 4)], [("y", None)], [("y", None)],
+       "outer and inner both manual over 'y'", fails=SPEC, message=(r"disjoint", r"'y'"), axis_names=("y",)),
 ]
 
 
