@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg  # noqa: F401
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import functional_mesh as fm
 from functional_mesh import P
@@ -24,13 +22,9 @@ NONE, DP, TP = frozenset(), frozenset({"dp"}), frozenset({"tp"})
 
 
 @pytest.fixture
-def rm():
-    dist.init_process_group("fake", rank=1, world_size=4, store=FakeStore())
-    try:
-        yield fm.realize(MESH)
-    finally:
-        fm.clear_cache()
-        dist.destroy_process_group()
+def rm(fake_world):
+    fake_world(4, 1)
+    return fm.realize(MESH)
 
 
 def run(rm, body, *args, in_specs, out_specs=P()):
