@@ -499,7 +499,8 @@ def exit_all(region: Region, out: Any, out_specs: Any) -> Any:
                         fix = (f"its out_spec says it is a pending sum over {axes}: cast it with "
                                f"fm.pcast(x, {axes if len(axes) > 1 else axes[0]!r}, to='unreduced')")
                     failures.append((_path(path), varying, named, plan.spec, fix))
-                types = region.types_of(leaf)
+                # (no pending or reduced value was ever made in the region: none of its results is one)
+                types = _vma.INVARIANT if region.unreduced is None else region.types_of(leaf)
                 unreduced = types.unreduced
                 if unreduced != plan.unreduced and (unreduced - plan.unreduced or plan.unreduced - unreduced - varying):
                     pending.append((_path(path), varying, unreduced, plan.unreduced, plan.spec))

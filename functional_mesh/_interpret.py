@@ -111,16 +111,18 @@ class TypedMode(TorchFunctionMode):
         # ops: their results vary as their operands do over the manual axes, the default rule)
         flat, tree = _operands(args, kwargs)
         positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
-        operands = [region.type_of(flat[i]) for i in positions]
         if kind.role == "untypeable" and not (region.partial and kind.name.startswith("_c10d_functional::")):
-            raise _vma.op_error(kind.name, [(tuple(flat[i].shape), t) for i, t in zip(positions, operands,
-                                                                                    strict=True)],
+            raise _vma.op_error(kind.name, [(tuple(flat[i].shape), region.type_of(flat[i])) for i in positions],
                                 "a custom op's result need not follow its inputs' types; run this region "
                                 "with check_vma=False")
-        if region.unreduced is not None:
+        if region.unreduced is not None:  # one scan: the whole types (a pending or reduced operand: its own path)
             full = [region.types_of(flat[i]) for i in positions]
-            if any(t.unreduced or t.reduced for t in full):
-                return self._unreduced_op(func, kind, args, kwargs, flat, tree, positions, full)
+            for t in full:
+                if t.unreduced or t.reduced:
+                    return self._unreduced_op(func, kind, args, kwargs, flat, tree, positions, full)
+            operands = [t.varying for t in full]
+        else:
+            operands = [region.type_of(flat[i]) for i in positions]
         if kind.random and is_random(func, args, kwargs):
             region.drew_random()
             rule = _vma.random_rule(operands, region.axes)
@@ -170,8 +172,10 @@ class TypedMode(TorchFunctionMode):
             raise _vma.VmaError(f"`{kind.name}` draws random numbers, which vary over every mesh axis, from a value "
                                 f"that is reduced or unreduced: cast it to varying first (fm.pcast(x, axis, "
                                 f"to='varying')), or psum it")
-        key = (kind.name, linear, tuple((t.varying, t.unreduced, t.reduced, t.unreduced_kind) for t in full),
-               tuple(roles), adds_number, extremum)
+        # eagerly the types themselves (interned, their hash kept); dynamo hashes their fields only
+        types = tuple((t.varying, t.unreduced, t.reduced, t.unreduced_kind) for t in full) if region.traced else \
+            tuple(full)
+        key = (kind.name, linear, types, tuple(roles), adds_number, extremum)
         rule = _RULES.get(key)
         if rule is None:
             rule = _RULES[key] = _vma.special_op_rule(

@@ -40,15 +40,22 @@ class Tag:
     """A tensor's type in one eager region: valid only while ``region`` is the region that set it.
 
     ``axes``: the axes it varies over; ``unreduced``: those it is a pending reduction over (most often
-    none), of kind ``kind``; ``reduced``: those it is reduced over.
+    none), of kind ``kind``; ``reduced``: those it is reduced over; ``types``: all of it, as
+    :func:`functional_mesh.typeof` says it (built once: the interpreter asks for it on every op).
     """
 
-    __slots__ = ("region", "axes", "unreduced", "reduced", "kind")
+    __slots__ = ("region", "axes", "unreduced", "reduced", "kind", "types")
 
     def __init__(self, region: Region, axes: frozenset[str], unreduced: frozenset[str] = NOTHING,
                  reduced: frozenset[str] = NOTHING, kind: str = "sum") -> None:
         self.region, self.axes, self.unreduced = region, axes, unreduced
         self.reduced, self.kind = reduced, kind
+        key = (axes, unreduced, reduced, kind)
+        self.types = _TYPES.get(key) or _TYPES.setdefault(key, _vma.AxisTypes(*key))
+
+
+# every eager type once (a few per mesh), so that the interpreter's rule cache finds its keys by identity
+_TYPES: dict[tuple[frozenset[str], frozenset[str], frozenset[str], str], _vma.AxisTypes] = {}
 
 
 class _Casts:
@@ -75,11 +82,16 @@ class Region:
         self.check_vma = check_vma
         # manual over ``new`` (default: every axis), and over the enclosing region's manual axes; the other
         # axes (``auto``, in mesh order) stay DTensor dims inside (docs/shard_map.md, "Manual over some axes")
-        self.new = frozenset(rm.mesh.axis_names) if new is None else new
         self.outer = outer
-        self.axes: frozenset[str] = self.new if outer is None else self.new | outer.axes  # every manual axis
-        self.auto = tuple(a for a in rm.mesh.axis_names if a not in self.axes)
-        self.partial = bool(self.auto) or outer is not None
+        if new is None and outer is None:  # manual over every axis: the common case
+            self.new = self.axes = frozenset(rm.mesh.axis_names)
+            self.auto: tuple[str, ...] = ()
+            self.partial = False
+        else:
+            self.new = frozenset(rm.mesh.axis_names) if new is None else new
+            self.axes = self.new if outer is None else self.new | outer.axes  # every manual axis
+            self.auto = tuple(a for a in rm.mesh.axis_names if a not in self.axes)
+            self.partial = bool(self.auto) or outer is not None
         self.mode: Any = None  # the TypedMode that types this region's ops (a nested region borrows its outer's)
         self.traced = torch.compiler.is_compiling()
         self.trace = _trace_id() if self.traced else 0  # the trace the types belong to
@@ -133,9 +145,7 @@ class Region:
             reduced, kind = self.more.get(t, (NOTHING, "sum"))
             return _vma.AxisTypes(self.types.get(t, NOTHING), self.unreduced.get(t, NOTHING), reduced, kind)
         tag = getattr(t, TAG, None)
-        if tag is None or tag.region is not self:
-            return _vma.INVARIANT
-        return _vma.AxisTypes(tag.axes, tag.unreduced, tag.reduced, tag.kind)
+        return _vma.INVARIANT if tag is None or tag.region is not self else tag.types
 
     def _holder(self, t: DTensor) -> torch.Tensor:
         """Where a DTensor's type is: on it, or (one ``DTensor.from_local`` made in the region, which no op of the

@@ -175,6 +175,8 @@ def _axis_names(axis_names: Any) -> tuple[str, ...] | None:
 def _region(rm: RealizedMesh, check_vma: bool, names: tuple[str, ...] | None) -> Region:
     """The region of one call: manual over ``names`` (``None``: every axis the enclosing region leaves)."""
     outer = current_region()
+    if names is None and outer is None:  # the common case: manual over every axis
+        return Region(rm, check_vma)
     axes = rm.mesh.axis_names
     if names is not None:
         unknown = [a for a in names if a not in axes]
