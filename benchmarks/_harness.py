@@ -1,8 +1,7 @@
 """How a benchmark runs: its options and run record, workers in fresh interpreters, gloo pools, timing, group counting.
 
-A worker is a function of the script, run in a new interpreter (``python <script> --worker '<json spec>'``)
-that prints one JSON line, its result: every side of a comparison gets its own, so no import, cache
-or process group carries over. What a benchmark emits, and how it is rendered, is ``_report``'s.
+A worker (``python <script> --worker '<json spec>'``) prints its result as one JSON line: each side of a
+comparison gets a fresh interpreter, so no import, cache or group carries over. Rendering is ``_report``'s.
 """
 
 from __future__ import annotations
@@ -59,23 +58,21 @@ def start_run(bench: str) -> R.Run:
     cmd = " ".join(x for x in (env, python, shlex.join([script, *sys.argv[1:]])) if x)
     machine = (f"{len(os.sched_getaffinity(0))} cores, {platform.system()} {platform.machine()}, "
                f"CPython {platform.python_version()}, torch {importlib.metadata.version('torch')}")
-    return R.Run(bench, cmd, datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), machine,
-               load=f"{os.getloadavg()[0]:.2f}")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return R.Run(bench, cmd, now, machine, load=f"{os.getloadavg()[0]:.2f}")
 
 
 def revision() -> str:
     """The tree measured (call it at the start): its commit, and whether ``functional_mesh/`` differs from it."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=R.REPO, capture_output=True, text=True).stdout.strip()
-    dirty = git("status", "--porcelain", "--", "functional_mesh")
-    return f"tree: commit {git('rev-parse', '--short', 'HEAD')}" + (
-        ", functional_mesh/ with uncommitted changes" if dirty else "")
+    dirty = git("status", "--porcelain", "--", "functional_mesh") and ", functional_mesh/ with uncommitted changes"
+    return f"tree: commit {git('rev-parse', '--short', 'HEAD')}{dirty}"
 
 
 def finish_run(run: R.Run, wall_s: float, notes: Sequence[str] = ()) -> R.Run:
     """``run`` with its wall time, the load now and ``notes``."""
-    return dataclasses.replace(run, load=f"{run.load} / {os.getloadavg()[0]:.2f}", wall_s=wall_s,
-                               notes=tuple(notes))
+    return dataclasses.replace(run, load=f"{run.load} / {os.getloadavg()[0]:.2f}", wall_s=wall_s, notes=tuple(notes))
 
 
 def serve(workers: dict[str, Callable[..., Any]]) -> None:
@@ -87,8 +84,8 @@ def serve(workers: dict[str, Callable[..., Any]]) -> None:
     os._exit(0)  # skip interpreter teardown: seconds with torch loaded, times W processes
 
 
-def _start(script: str, spec: dict[str, Any], env: dict[str, str] | None = None) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(env or {})}
+def _start(script: str, spec: dict[str, Any]) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     return subprocess.Popen([sys.executable, script, "--worker", json.dumps(spec)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 
@@ -109,9 +106,9 @@ def _collect(procs: Sequence[subprocess.Popen], timeout_s: float) -> list[Any]:
                 p.kill()
 
 
-def run(script: str, spec: dict[str, Any], *, env: dict[str, str] | None = None, timeout_s: float = 900) -> Any:
-    """One worker in a fresh interpreter (``env`` added to this process's environment)."""
-    return _collect([_start(script, spec, env)], timeout_s)[0]
+def run(script: str, spec: dict[str, Any], *, timeout_s: float = 900) -> Any:
+    """One worker in a fresh interpreter."""
+    return _collect([_start(script, spec)], timeout_s)[0]
 
 
 def run_pool(script: str, spec: dict[str, Any], world: int, timeout_s: float = 600) -> list[Any]:
@@ -130,13 +127,9 @@ def alternate(sides: Sequence[str], rounds: int) -> Iterator[str]:
 
 def rotated_samples(calls: dict[str, Callable[[], Any]], reps: int, warmup: int, *, number: int = 1,
                     barrier: bool = True, clock: Callable[[], int] | None = None) -> dict[str, list[float]]:
-    """Per call, ``reps`` timings (ns per call) of ``number`` calls each, round-robin in a rotating order.
-
-    Every series comes first, second, ... equally often; warm-up rounds are dropped; the cyclic GC
-    is off. ``dist.barrier()`` before each block lines the ranks up (``barrier=False`` in one
-    process). ``clock``: wall time unless given, e.g. ``time.process_time_ns`` (this process's CPU
-    time, which other jobs on a loaded machine disturb far less).
-    """
+    """Per call, ``reps`` timings (ns per call) of ``number`` calls each, round-robin in a rotating order
+    (each series first equally often), after ``warmup`` rounds, the cyclic GC off; ``dist.barrier()`` before
+    each block unless ``barrier=False``. ``clock``: wall time, or e.g. ``time.process_time_ns`` (CPU time)."""
     import torch.distributed as dist
 
     clock = clock or time.perf_counter_ns
@@ -177,9 +170,8 @@ def init_fake(world: int, rank: int = 0) -> None:
 
 
 class GroupCalls:
-    """Counts ``new_group`` / ``split_group`` calls wherever torch and realize look them up
-    (``distributed_c10d``, ``torch.distributed``, ``device_mesh``): the ranks each call asked
-    for, in order, and the groups returned (to destroy them). ``mark()`` closes a step."""
+    """Counts ``new_group`` / ``split_group`` calls wherever torch and realize look them up: the ranks each
+    call asked for, in order, and the groups returned (to destroy them). ``mark()`` closes a step."""
 
     def __init__(self) -> None:
         import torch.distributed as dist

@@ -1,10 +1,7 @@
 """Typed benchmark records and the one writer that renders them as markdown tables.
 
-A benchmark (``_harness`` runs it) emits one :class:`Run` (command, machine), one :class:`Table` per
-table (title, first column's header, the ratios shown) and one :class:`Result` per figure;
-``--out FILE`` writes them as JSON lines. Only this module renders them:
-``benchmarks/_report.py FILE.jsonl`` prints, ``--docs docs/benchmarks.md`` replaces the text between
-``<!-- BEGIN <bench> ... -->`` and ``<!-- END <bench> -->``.
+A benchmark emits one :class:`Run`, its :class:`Table` records and one :class:`Result` per figure (``--out FILE``:
+JSON lines); ``_report.py FILE.jsonl`` prints them, ``--docs docs/benchmarks.md`` replaces a BEGIN/END section.
 """
 
 from __future__ import annotations
@@ -71,11 +68,8 @@ def measured(bench: str, table: str, row: str, column: str, samples: Sequence[fl
 
 
 def slowest_and_paired(bench: str, table: str, ranks: Sequence[Sequence[dict]], series: Sequence[str]) -> list[Result]:
-    """Records of a multi-process run: per row and series the slowest rank's median; and the paired
-    ratio ``series[0] / series[1]``: per rank the median over repetitions, then the largest over ranks.
-
-    ``ranks``: per rank, its rows in one order, each ``{"row": label, "samples": {series: [ns, ...]}}``.
-    """
+    """Per row and series the slowest rank's median, and the paired ratio ``series[0] / series[1]`` (per rank
+    the median over repetitions, the largest over ranks); ``ranks``: per rank ``[{"row", "samples": {series: ns}}]``."""
     out = []
     for configs in zip(*ranks):
         row = configs[0]["row"]
@@ -113,17 +107,13 @@ def load(paths: Iterable[Path]) -> list[Run | Table | Result]:
     return out
 
 
-# -- formatting ---------------------------------------------------------------------------------
-
-
 def _three(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
 
 
 def fmt(value: float, unit: str) -> str:
     if unit == "ns":
-        scale, name = next(((s, n) for s, n in ((1e9, "s"), (1e6, "ms"), (1e3, "µs"))
-                            if abs(value) >= s), (1, "ns"))
+        scale, name = next(((s, n) for s, n in ((1e9, "s"), (1e6, "ms"), (1e3, "µs")) if abs(value) >= s), (1, "ns"))
         return f"{_three(value / scale)} {name}"
     if unit == "B":
         scale, name = next(((s, n) for s, n in ((1 << 20, "MB"), (1 << 10, "KB")) if value >= s), (1, "B"))

@@ -285,16 +285,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         SystemExit: on ``--help`` and on bad arguments (status 2).
 
     Examples:
-        >>> main(["show", "dp=2,tp=2", "--select", "tp"])
-        Mesh(tp=2; 2 groups over devices 0..3): 4 devices
-        group 0
+        >>> main(["show", "tp=2"])
+        Mesh(tp=2): 2 devices
           tp=0  tp=1
           0     1
-        group 1
-          tp=0  tp=1
-          2     3
         groups of each axis:
-          tp  size 2, 2 groups: [0 1] [2 3]
+          tp  size 2, 1 group: [0 1]
         0
     """
     parser = build_parser()

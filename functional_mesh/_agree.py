@@ -1,14 +1,8 @@
 """The bounded agreement behind realize's divergence check and the collectives' debug mode, and its wait.
 
-Participants publish what they ask for through the default c10d store; the first participant
-leads: it waits (bounded) for every request, compares them, and publishes a verdict the others
-wait for. A missing or different participant is named on every participant that arrived, as a
-``MeshError``, instead of a hang in the next collective. Talks to the store only; creates no
-process group.
-
-How long the leader waits is one setting for every agreement: :func:`as_check_timeout` reads
-realize's ``check=`` (or ``$FUNCTIONAL_MESH_CHECK_TIMEOUT``, default 60 s), and the debug check
-and reshard read the environment the same way.
+Participants publish their requests in the default store; the first leads, compares and publishes
+a verdict (docs/realize.md, "Divergent ranks"). :func:`as_check_timeout` is the one owner of the
+wait. Talks to the store only; creates no process group.
 """
 
 from __future__ import annotations

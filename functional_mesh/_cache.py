@@ -1,36 +1,9 @@
 """The process groups realize asks for, from birth to death: the one module that makes, lends,
 destroys and aborts them.
 
-One cache per process (``CACHE``), behind a lock, in two levels (see ``_realize.py``): an *axis
-key* (canonical layout, device list, device type, backend, options) maps to this rank's group of
-that axis; each group is held under its *ordered* member tuple (+ backend + options), so axes
-reached by different paths share groups. A group's whole life is here:
-
-- made: :meth:`GroupCache.realize_groups` (one ``new_group`` per missing member tuple, one
-  ``split_group`` for an axis, or the default group borrowed), and the default group itself when
-  realize starts the job (:func:`init_default`);
-- lent: size-1 axes have no group; the one-rank group lent to torch for them (``self_group``;
-  docs/design.md, "Size-1 axes") is made by the first realize call that needs it;
-- made by its members alone: a ``members_only`` realize call makes only this rank's groups,
-  with :func:`_torch.local_group`, under a name derived from the ordered member tuple, the
-  settings and how many such groups this process made for that tuple before (never from torch's
-  process-wide group count, which differs between members with different histories);
-- adopted: a group the caller made (``realize(groups=...)``) is handed to the handle and never
-  enters the cache: it is neither destroyed nor aborted here;
-- destroyed: :func:`clear_cache`;
-- aborted: :func:`abort_all` (``fm.abort``), or only those holding given ranks
-  (:func:`abort_holding`, ``fm.abort(ranks=...)``): every other group stays cached and is reused;
-- retired on failure: a group on which a collective raised (:func:`retire_failed`) leaves the
-  cache at once and is aborted (the default group is only flagged: it is the job's), and a mark
-  in the default store tells its other members, who drop it at their next checked realize
-  (:func:`read_failures`, after the check: every member's marks are written by then).
-
-``epoch`` counts :func:`clear_cache` and :func:`abort_all` calls: a realized mesh from an older
-epoch refuses to be used, and ``ended`` says how its groups ended. Inspect the cache with
-:func:`cache_info`. The decisions carried out here (which method makes a group) are pure
-functions of ``_realize_plan.py``.
-
-Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
+One cache per process (``CACHE``), in two levels; a group's life (made, lent, made by its members
+alone, adopted, destroyed, aborted, retired on failure) and the epochs: docs/design.md, "The cache".
+Which method makes a group is decided by the pure ``_realize_plan.py``.
 """
 
 from __future__ import annotations
@@ -64,10 +37,8 @@ _FAILED_PREFIX = "functional_mesh/failed"
 class CacheInfo(NamedTuple):
     """The group cache's counters, as :func:`cache_info` returns them (all 0 after :func:`clear_cache`).
 
-    Attributes:
-        hits: axis lookups that found the axis's groups (no group made).
-        misses: axis lookups that did not (groups made, or found under their member tuples).
-        groups: distinct member tuples groups were made for (members or not: equal on every rank).
+    ``hits`` and ``misses`` of the axis lookups, and the distinct member tuples ``groups`` were made for
+    (docs/realize.md, "The cache and its lifecycle").
 
     Examples:
         >>> fm.CacheInfo(hits=2, misses=2, groups=6).groups
@@ -451,12 +422,9 @@ CACHE = GroupCache()
 def retire_failed(pg: Any) -> None:
     """A collective on ``pg`` raised: the group leaves the cache, is aborted, and is marked for its other members.
 
-    Called when the error is built (``_handle.comm_failure``). Realize never hands the group out
-    again: this rank forgets it now; the other members read the mark in the default store at
-    their next checked realize (:func:`read_failures`) and forget it too, so all of them make a new
-    group together. The default group (an axis that borrowed it) is flagged, not aborted: it is
-    the job's. A group realize did not make (adopted) is left alone. Bounded: the lock is waited
-    for as ``abort`` waits for it, and a store that cannot be reached only loses the mark.
+    Called when the error is built (``_handle.comm_failure``); docs/design.md, "Failures and start-up".
+    An adopted group is left alone; bounded: the lock is waited for as ``abort`` does, and a store
+    that cannot be reached only loses the mark.
     """
     try:
         default = _torch.default_group()
@@ -483,9 +451,7 @@ def retire_failed(pg: Any) -> None:
 def read_failures() -> int:
     """Forget the groups other members marked as failed since this rank last looked; return how many keys.
 
-    realize calls it after its check, when every member has arrived, so every mark a member wrote
-    before calling realize is visible: the members drop the same groups and make the same new ones.
-    One store round trip when nothing failed.
+    After realize's check (docs/design.md, "Failures and start-up"); one store round trip when nothing failed.
     """
     store = _torch.default_store()
     seen_store, seen = CACHE.marks_read
@@ -514,11 +480,9 @@ def read_failures() -> int:
 def init_default(plan: InitPlan, timeout: datetime.timedelta | None) -> None:
     """Start the job's default group as ``plan`` says (realize, when no default group exists).
 
-    The start-up is bounded by ``plan.timeout`` (torch's default when ``None``), never by an axis's
-    timeout. A start-up that fails (a rank that never arrived, a store that cannot be reached) is a
-    ``MeshError`` naming it, with torch's error chained. Once it is up, the group's collectives
-    take ``timeout`` (realize's one ``timeout=`` for every axis) when given, so that a whole-world
-    axis with that timeout still borrows it, as when the group started with it.
+    Bounded by ``plan.timeout``, never an axis's; a failure is a ``MeshError`` with torch's error
+    chained. Once up, its collectives take realize's one ``timeout=`` when given, so a whole-world
+    axis with that timeout still borrows it.
     """
     kwargs: dict[str, Any] = {"backend": plan.backend}
     if plan.timeout is not None:
@@ -549,12 +513,8 @@ def cache_info() -> CacheInfo:
         The counters since the process started or the last :func:`clear_cache` or ``abort``.
 
     Examples:
-        >>> import torch.distributed as dist
         >>> fm.cache_info()  # rm's two axes: dp 4 groups, tp 2 groups
         CacheInfo(hits=0, misses=2, groups=6)
-        >>> whole = fm.realize(rm.mesh.flatten())  # an axis over the whole world borrows the default group
-        >>> fm.cache_info(), whole.group("dp_tp") is dist.group.WORLD
-        (CacheInfo(hits=0, misses=3, groups=6), True)
     """
     return CACHE.info()
 
@@ -562,10 +522,8 @@ def cache_info() -> CacheInfo:
 def clear_cache() -> None:
     """Destroy every process group realize created (and no other), and forget all keys.
 
-    Realized meshes from before the call raise ``MeshError`` when used; ``realize`` makes fresh
-    groups afterwards. The default group and groups made by anyone else are left alone. A group
-    torch no longer knows (``dist.destroy_process_group()`` without a group already destroyed
-    every group) is only forgotten. Call it on every rank, before ``dist.destroy_process_group()``.
+    Realized meshes from before the call raise ``MeshError`` when used. A group torch no longer
+    knows is only forgotten. Call it on every rank, before ``dist.destroy_process_group()``.
 
     Examples:
         >>> import torch.distributed as dist

@@ -1,31 +1,8 @@
 """The collectives' call machinery: resolve ``axis``, check a call, send it where it goes, run its steps.
 
-Each collective is one :class:`Collective` record (the records and the public functions are
-``_collectives``). A public function hands its arguments to :func:`dispatch`: a torch function
-mode (a typed region) or a tensor subclass sees the call as one op; else the open ``shard_map``
-region (``_handle.current_region``) handles it through its record; else :func:`bind` checks it
-(tensor, parameters, axes, in the order users see the errors) into a :class:`Call`, and the
-record runs it. A record's run passes each step (``_steps``) through :func:`apply_step`, which
-pairs it with its transpose; a region's boundary runs its own steps the same way
-(:func:`run_step`).
-
-Cost. Resolving ``axis`` on a handle (names, sizes, groups, this rank's index) is validated once
-and kept on the handle (``RealizedMesh._memo``); a call then costs a dict lookup. Eagerly each
-step is the plain c10d call into a new buffer, and an autograd node is made only when a gradient
-will flow back through communication; under ``torch.compile`` every step is torch's functional
-collective by group name inside one ``autograd.Function`` of constants, which traces whole.
-
-Issue now, wait later. :func:`register` wraps each record's functions (:func:`_issuable`): a call
-with ``op_dtype`` casts ``x`` once before and the result once after (autograd casts the
-cotangents alike); a call with ``async_op=True`` returns a :class:`~functional_mesh._pending.Pending`,
-which runs the function up to its first step that communicates (started, not waited for) and
-the rest at ``wait()`` (``_pending`` says how). Every step that communicates passes through
-the call's slot in :func:`apply_step` (``Extremum``'s and point to point's in theirs); a call without
-either pays one more frame.
-
-Debug mode (``FUNCTIONAL_MESH_CHECK_COLLECTIVES``, docs/realize.md): each communication first
-compares the members' calls through the store with realize's bounded wait; off, the cost is one
-environment lookup per call.
+:func:`dispatch` (to a typed region, the open region, or :func:`bind` and the record),
+:func:`register` (``op_dtype``, ``async_op``) and :func:`apply_step`: docs/design.md, "Collectives
+and autograd"; what each costs: "Eager cost". The records and the public functions are ``_collectives``.
 """
 
 from __future__ import annotations

@@ -81,6 +81,7 @@ def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
     """The elementwise maximum of ``x`` over the members of ``axis``.
 
     The gradient goes to the members holding the maximum, split evenly among ties (as ``torch.amax``).
+    In a typed region it also ends a pending max (``P(unreduced=..., unreduced_kind="max")``).
 
     Args:
         x: this member's real tensor.
@@ -101,7 +102,7 @@ def pmax(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | Non
 
 def pmin(x: torch.Tensor, axis: str | Sequence[str], *, mesh: RealizedMesh | None = None,
          async_op: bool = False) -> torch.Tensor | Pending:
-    """:func:`pmax` with the minimum.
+    """:func:`pmax` with the minimum (and a pending min).
 
     Args:
         x: this member's real tensor.
@@ -149,12 +150,13 @@ def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
     """JAX's ``pcast``: change how ``x`` is typed over ``axis``; no communication.
 
     ``to="unreduced"`` makes a varying value a pending sum over ``axis``, which :func:`psum` or
-    :func:`psum_scatter` ends (docs/shard_map.md, "Pending sums"). Outside a typed region, the identity.
+    :func:`psum_scatter` ends; ``to="reduced"`` an invariant one reduced (its gradient a pending
+    sum) (docs/shard_map.md, "Pending sums", "Reduced"). Outside a typed region, the identity.
 
     Args:
         x: this member's tensor.
         axis, mesh, async_op: docs/api.md, "Shared arguments".
-        to: ``"varying"`` (:func:`pvary`) or ``"unreduced"``.
+        to: ``"varying"`` (:func:`pvary`), ``"unreduced"`` or ``"reduced"``.
 
     Returns:
         What :func:`pvary` returns.
@@ -168,6 +170,9 @@ def pcast(x: torch.Tensor, axis: str | Sequence[str], *, to: str = "varying",
     Examples:
         >>> fm.pcast(torch.ones(3), ("dp", "tp"), to="varying", mesh=rm).shape
         torch.Size([3])
+        >>> _ = fm.shard_map(lambda w: print(fm.typeof(fm.pcast(w, "tp", to="reduced"))) or w, mesh=rm,
+        ...                  in_specs=P(), out_specs=P())(torch.ones(3))
+        AxisTypes(varying=frozenset(), reduced=frozenset({'tp'}))
     """
     return dispatch(PCAST, pcast, x, axis, mesh, {"to": to, "async_op": async_op})
 
@@ -239,7 +244,6 @@ def psum_scatter(x: torch.Tensor, axis: str | Sequence[str], *, dim: int = 0, ti
 
     Raises:
         The shared errors (docs/api.md), and:
-        TypeError: ``tiled`` not a bool.
         MeshError: ``dim`` out of range or not divisible.
 
     Examples:
@@ -268,7 +272,6 @@ def all_to_all(x: torch.Tensor, axis: str | Sequence[str], split_dim: int, conca
 
     Raises:
         The shared errors (docs/api.md), and:
-        TypeError: ``tiled`` not a bool.
         MeshError: a dim out of range, ``split_dim`` not divisible.
 
     Examples:
@@ -296,7 +299,6 @@ def ragged_all_to_all(x: torch.Tensor, axis: str | Sequence[str], send_sizes: An
 
     Raises:
         The shared errors (docs/api.md), and:
-        TypeError: sizes not ints.
         MeshError: sizes of the wrong length, negative or not summing to ``x``'s rows; tensor sizes or
             ``recv_sizes=None`` under torch.compile; a tuple without its product group.
 

@@ -1,16 +1,7 @@
 """A stack of values that eager code reads per thread or task, and compiled code can read too.
 
-Two things are such a stack: the ``with rm:`` meshes (``_handle``) and the open ``shard_map``
-region (``_handle`` too). Eager code reads a context variable, so each thread and asyncio task
-has its own stack. torch.compile cannot trace ``ContextVar.get``, but it reads (and guards on) a
-module-level list, so each stack keeps one for compiled code:
-
-- a value pushed while tracing goes on the list only; eager code that runs between a compiled
-  function's graphs sees it there, when its own stack is empty;
-- a value pushed eagerly goes on the list as well when the stack is ``shared``: compiled code then
-  sees the innermost value of the process (``with rm:`` entered outside a compiled function and
-  read inside it). An unshared stack keeps eager values to eager code (a region opened eagerly is
-  no part of any compiled program).
+Two such stacks: the ``with rm:`` meshes and the open ``shard_map`` region (``_handle``); why a
+module-level list beside the context variable: docs/design.md, "torch.compile".
 """
 
 from __future__ import annotations

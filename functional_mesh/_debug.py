@@ -1,14 +1,8 @@
 """The collectives' opt-in debug check (``FUNCTIONAL_MESH_CHECK_COLLECTIVES``, off by default).
 
-With the setting on, every communication of a public collective first asks the members of the
-group it is about to use (``1`` or ``group``), or every device of the mesh (``mesh``), to agree
-on what they ask for: operation, axes, parameters, mesh, tensor dtype and shape. The agreement
-is :func:`functional_mesh._agree.agree`, bounded by its wait (:func:`~functional_mesh._agree.as_check_timeout`).
-A mismatch or a member that does not arrive raises ``MeshError`` on every member that got there.
-
-The setting is read at every call; off, the cost is one dictionary lookup
-(:func:`is_check_on`). :func:`debug_check` makes a call's :class:`Check` (or ``None``), which the
-steps' autograd nodes call before each communication, forward and backward.
+What it compares and the price: docs/realize.md, "Divergent ranks, and checking every collective".
+:func:`debug_check` makes a call's :class:`Check` (or ``None``; off, one lookup: :func:`is_check_on`),
+which the steps' autograd nodes call before each communication, forward and backward.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """The device list a mesh lives on: global ranks, kept symbolic when they form a range.
 
-A device list is one of two kinds, each its own class behind the one name ``DeviceList``:
-
-- :class:`DeviceRange`: an arithmetic progression (``range(start, stop, step)``, any step),
-  stored as three ints and never materialised, so a mesh over a million ranks costs what a
-  mesh over eight does;
-- :class:`DeviceArray`: any other list, stored once as a read-only int64 array.
-
-The constructors (:meth:`DeviceList.iota`, :meth:`~DeviceList.from_range`,
-:meth:`~DeviceList.from_values`) pick the kind: a list that is a progression is always a
-range, so the two kinds never hold the same ranks and equal lists are equal values.
-
-One device list is shared by a mesh and every mesh derived from it, so derived meshes cost
-O(ndim) whatever the world size, and comparing two of them is an identity check.
+:class:`DeviceRange` (a progression: three ints) or :class:`DeviceArray` (any other list), picked by
+the constructors of ``DeviceList``, shared by every mesh derived from one: docs/design.md,
+"Ranks and layouts".
 
 Examples:
     >>> DeviceList.from_values("make_mesh", [8, 10, 12])
     DeviceList(8..12 step 2)
-    >>> DeviceList.from_values("make_mesh", [3, 1, 2, 0]).index_of(2)
-    2
 """
 
 from __future__ import annotations
@@ -41,13 +29,10 @@ __all__ = ["DeviceArray", "DeviceList", "DeviceRange"]
 class DeviceList(Frozen):
     """An immutable list of distinct non-negative global ranks: a :class:`DeviceRange` or a :class:`DeviceArray`.
 
-    A plain ``__slots__`` value on :class:`~functional_mesh._validate.Frozen`: every mesh derived
-    from a list shares it, so an assignment would change them all; it raises instead. Build one
-    with :meth:`iota`, :meth:`from_range` or :meth:`from_values`.
+    Shared by every mesh derived from one (so frozen); built with :meth:`iota`, :meth:`from_range`
+    or :meth:`from_values`.
 
     Examples:
-        >>> DeviceList.iota(4).to_array().tolist()
-        [0, 1, 2, 3]
         >>> DeviceList.from_values("make_mesh", range(3, -1, -1)) == DeviceList.from_values("make_mesh", [3, 2, 1, 0])
         True
     """
@@ -179,9 +164,7 @@ class DeviceList(Frozen):
 class DeviceRange(DeviceList):
     """The ranks ``start, start + step, ...`` (``n`` of them), any non-zero step: three ints, never materialised.
 
-    Normal form: a list of 0 or 1 ranks has step 1 (and 0 ranks start 0), so a range is
-    determined by its elements. Every answer is O(1) or O(size of the answer). A frozen attrs
-    class: ``attrs.evolve(r, n=...)`` re-validates.
+    In normal form (docs/design.md, "Ranks and layouts"); every answer is O(1) or O(size of the answer).
 
     Args:
         n: the number of ranks, non-negative.
@@ -190,7 +173,6 @@ class DeviceRange(DeviceList):
 
     Raises:
         MeshError: a negative ``n``, a step of 0, or a rank below 0 or above ``2**63 - 1``.
-        TypeError: arguments that are not ints.
 
     Examples:
         >>> r = DeviceRange(8, 14, -2)

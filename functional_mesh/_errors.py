@@ -1,11 +1,6 @@
 """The library's one exception family and the helpers that phrase its messages.
 
-Every message follows one template so users learn to read it once::
-
-    `<api>` requires <rule>, but got <name>=<value!r>; valid: <choices>
-
-and an unknown axis name adds "did you mean 'tp'?" when it is a plausible typo of one name
-(:func:`did_you_mean` states the rule).
+One template for every message: docs/design.md, "Errors".
 """
 
 from __future__ import annotations
@@ -20,15 +15,11 @@ __all__ = ["MeshError", "UnknownAxisError"]
 class MeshError(ValueError):
     """A bad value given to functional_mesh: the message names it, the call, and the valid choices.
 
-    A ``ValueError``; wrong types are a ``TypeError`` instead. Every message reads
-    "`<api>` requires <rule>, but got <name>=<value>; valid: <choices>".
+    A ``ValueError``; wrong types are a ``TypeError`` (docs/design.md, "Errors").
 
     Args:
         message: the text.
-        mesh: the mesh the failing call was about, when there is one.
-
-    Attributes:
-        mesh: the mesh the failing call was about, when there is one (else ``None``).
+        mesh: the mesh the failing call was about, when there is one; kept as ``e.mesh`` (else ``None``).
 
     Examples:
         >>> try:
@@ -50,8 +41,7 @@ class MeshError(ValueError):
 class UnknownAxisError(MeshError, KeyError):
     """An axis name that the mesh does not have. Also a ``KeyError``, like a missing dict key.
 
-    The message lists the mesh's axes and, for a plausible typo of one of them, asks "did you
-    mean" it (:func:`did_you_mean` states when).
+    The message lists the mesh's axes and, for a plausible typo of one, asks "did you mean" it.
 
     Args:
         message: the text.
@@ -81,20 +71,8 @@ __test__ = MappingProxyType({"MeshError": MeshError, "UnknownAxisError": Unknown
 def did_you_mean(name: object, choices: Iterable[str]) -> str:
     """Return "; did you mean 'x'?" when ``name`` is a plausible typo of exactly one of ``choices``, else "".
 
-    Mesh axis names are short and alike ("dp", "tp", "cp"), so closeness by letters alone misleads:
-    "cp" is one letter from "tp", and following a hint to use 'tp' would silently pick the wrong
-    axis. A typo is plausible, in order of preference, when ``name`` differs from a choice by
-
-    1. case alone ("TP" for "tp");
-    2. two adjacent letters swapped ("pt" for "tp"), ignoring case;
-    3. one letter added or dropped ("tpp" or "t" for "tp"), ignoring case;
-    4. one letter substituted, ignoring case, only inside a part of the choice (its text between
-       underscores) of at least 5 letters ("dp_shart" for "dp_shard", "exbert" for "expert"):
-       never in a short name or part, where the result is usually another real name ("cp" for
-       "tp", "hsdp" for "fsdp", "dp_cp" for "dp_tp").
-
-    The most preferred kind decides; two choices equally plausible give no suggestion (the valid
-    choices are listed anyway).
+    The rule (case, a swap, one letter more or less, a substitution in a long part only):
+    docs/design.md, "Errors".
     """
     if not isinstance(name, str) or not name:
         return ""

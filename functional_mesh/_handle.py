@@ -4,16 +4,8 @@
 rank, coordinate and groups stay consistent because nothing can reassign them (slots, read-only
 properties, :class:`~functional_mesh._validate.Frozen`). It also owns the ``with rm:`` stack and
 :func:`resolve_mesh`, the ``mesh=None`` → current-mesh rule every axis-name op uses. Creates no
-process group: its torch ``DeviceMesh`` wraps the groups realize made. The class is the value
-(its slots, selection, ``with rm:``, the alive check) with two parts as mixins: its queries
-(``_Queries``: sizes, indices, groups) and its torch ``DeviceMesh`` (``_TorchMesh``).
-
-Other modules read a handle through the functions at the end of this module (``hop_of``,
-``index_along``, ``check_alive``, ``recall``/``remember``, ``selected_from``), never through its
-slots: what the collectives and the region keep per handle lives in the handle's memo, valid
-while its groups live.
-
-Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
+process group: its torch ``DeviceMesh`` wraps the groups realize made. Other modules read a
+handle through the functions at the end of this module, never through its slots.
 """
 
 from __future__ import annotations
@@ -43,10 +35,8 @@ _CURRENT: ContextStack[RealizedMesh] = ContextStack("functional_mesh_current", s
 def current_mesh() -> RealizedMesh | None:
     """The innermost ``with rm:`` mesh of this thread or asyncio task, or ``None``.
 
-    Every axis-name function (``fm.psum``, ``fm.shard_map``, ``fm.distribute``, ...) called with
-    ``mesh=None`` uses it. Under ``torch.compile``: the innermost ``with rm:`` of the process
-    (enter it outside the compiled function; threads that enter different meshes should pass
-    ``mesh=`` instead).
+    Every axis-name function called with ``mesh=None`` uses it; under ``torch.compile``, the innermost
+    of the process (docs/design.md, "torch.compile": threads with different meshes pass ``mesh=``).
 
     Returns:
         The realized mesh of the innermost enclosing ``with rm:`` block, or ``None`` outside any.
@@ -540,10 +530,8 @@ def _in_order(names: tuple[str, ...], root_names: tuple[str, ...]) -> bool:
 def abort(rm: RealizedMesh | None = None, *, ranks: Iterable[int] | None = None) -> None:
     """Abort every process group realize made in this process (or those holding ``ranks``), without a collective call.
 
-    For a job that lost a peer or is stuck: it returns in bounded time whatever the other ranks
-    do, leaves the default group alone, and leaves every realized mesh stale (docs/reliability.md,
-    "Abort"). With ``ranks=`` (shrinking around a dead peer) every other group stays cached, for
-    a later ``realize`` to reuse. Groups adopted through ``realize(groups=...)`` are never aborted.
+    It returns in bounded time, leaves the default group and adopted groups alone, and every
+    realized mesh stale; with ``ranks=`` every other group stays cached (docs/reliability.md, "Abort").
 
     Args:
         rm: ``None``, or a realized mesh (``rm.abort()``): the same, since realized meshes share
@@ -557,14 +545,8 @@ def abort(rm: RealizedMesh | None = None, *, ranks: Iterable[int] | None = None)
 
     Examples:
         >>> mesh = rm.mesh
-        >>> fm.abort()
-        >>> rm.group("tp")
-        Traceback (most recent call last):
-        ...
-        functional_mesh.MeshError: `RealizedMesh.group` requires a realized mesh whose groups still exist, but got RealizedMesh(Mesh(dp=2, tp=4), fake, rank 5: coordinate (1, 1)), whose groups abort() aborted; call realize(mesh) again (after re-forming the default group if a peer died)
-        >>> fm.cache_info(), fm.realize(mesh).group("tp") is not None  # fresh groups
-        (CacheInfo(hits=0, misses=0, groups=0), True)
-        >>> tp = fm.realize(mesh).group("tp")  # groups [0..3] and [4..7]
+        >>> fm.abort()  # rm is stale now: rm.group("tp") raises MeshError
+        >>> tp = fm.realize(mesh).group("tp")  # fresh groups: [0..3] and [4..7]
         >>> fm.abort(ranks=[2])  # only what rank 2 was in goes: tp [0..3], dp [2, 6]
         >>> fm.realize(mesh).group("tp") is tp  # this rank's tp group survived: reused
         True

@@ -1,17 +1,8 @@
 """Bridges to torch values: DTensors from full tensors, and shardings and meshes read back from torch.
 
-``distribute`` slices locally, and the readers only look at torch objects, through the torch
-boundary (``_torch.py``): neither communicates. ``reshard`` does: on one mesh through DTensor's
-``redistribute``; across meshes through ``_reshard.py`` (the plan's moves over a bridge group that
-``realize`` makes).
-
-Under ``torch.compile``, ``distribute`` and ``reshard`` break the graph no more than DTensor's own
-``from_local`` and ``redistribute``: what depends on the meshes alone (the checks, the placements,
-this rank's coordinate, the torch mesh) is a *plan*, made in plain Python while dynamo traces and
-a constant of the graph (``torch.compiler.assume_constant_result``); only the arithmetic on the
-tensor's shape is traced, so symbolic shapes work too.
-
-Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
+Only ``reshard`` communicates (``redistribute`` on one mesh, ``_reshard.py`` across two). Under
+``torch.compile`` what depends on the meshes alone is a plan, a constant of the graph:
+docs/compile.md, "DTensor boundaries".
 """
 
 from __future__ import annotations
@@ -36,8 +27,7 @@ __all__ = ["distribute", "from_device_mesh", "reshard", "sharding_of"]
 def from_device_mesh(dm: Any) -> Mesh:
     """The pure ``Mesh`` of an existing torch ``DeviceMesh`` (all its groups, not just this rank's).
 
-    Its groups, their order and every coordinate equal ``dm``'s (tests/fake/ checks this). A dim
-    without a name is called ``dim<i>``. No communication, no group made.
+    A dim without a name is called ``dim<i>``. No communication, no group made.
 
     Args:
         dm: a torch ``DeviceMesh`` (``init_device_mesh``, a slice, a flattened mesh, ``rm.device_mesh``).
@@ -52,8 +42,6 @@ def from_device_mesh(dm: Any) -> Mesh:
         >>> mesh = rm.mesh
         >>> from torch.distributed.device_mesh import init_device_mesh
         >>> dm = init_device_mesh("cpu", (4, 2), mesh_dim_names=("dp", "tp"))
-        >>> fm.from_device_mesh(dm)
-        Mesh(dp=4, tp=2)
         >>> fm.from_device_mesh(dm["tp"]).groups().tolist()  # every rank's group, not only this one's
         [[0, 1], [2, 3], [4, 5], [6, 7]]
         >>> fm.from_device_mesh(rm.device_mesh) == mesh
@@ -66,8 +54,7 @@ def from_device_mesh(dm: Any) -> Mesh:
 def distribute(tensor: torch.Tensor, sharding: NamedSharding, *, mesh: Any = None) -> DTensor | None:
     """The DTensor whose local shard is ``tensor[sharding.local_slices(tensor.shape, rank)]``.
 
-    ``tensor`` is the full tensor on every rank; nothing is communicated (unlike
-    ``distribute_tensor``, which scatters from one rank).
+    Nothing is communicated (``distribute_tensor`` scatters from one rank).
 
     Args:
         tensor: the full value, the same on every rank.
@@ -165,11 +152,12 @@ def _built_while_tracing(mesh: Mesh) -> bool:
 
 
 def sharding_of(dtensor: DTensor) -> NamedSharding:
-    """The ``NamedSharding`` of an existing DTensor (``Shard``, ``_StridedShard``, ``Replicate``, ``Partial("sum")``).
+    """The ``NamedSharding`` of an existing DTensor (``Shard``, ``_StridedShard``, ``Replicate``, ``Partial``).
 
     Read from the DTensor's torch mesh and placements alone: no communication. A ``Partial("sum")``
     placement on a mesh dim is a pending sum over that axis: ``P(..., unreduced={axis})`` (the
-    DTensor's ``full_tensor()`` is the sum of the members' local tensors).
+    DTensor's ``full_tensor()`` is the sum of the members' local tensors); ``Partial("max")``,
+    ``Partial("min")`` add ``unreduced_kind=``.
 
     Args:
         dtensor: a DTensor on any torch ``DeviceMesh``.
@@ -179,8 +167,8 @@ def sharding_of(dtensor: DTensor) -> NamedSharding:
 
     Raises:
         TypeError: ``dtensor`` is not a DTensor.
-        MeshError: a ``Partial`` placement other than a sum (``avg``, ``max``, ...: redistribute
-            it first), or placements no ``PartitionSpec`` can say.
+        MeshError: a ``Partial`` placement other than a sum, max or min (``avg``, ...:
+            redistribute it first), or placements no ``PartitionSpec`` can say.
 
     Examples:
         >>> mesh = rm.mesh
@@ -202,43 +190,30 @@ def reshard(x: Any, sharding: Any, *, mesh: Any = None, async_op: bool = False,
             bucket_bytes: int | None = None) -> Any:
     """``x`` with the layout of ``sharding``: explicit communication, on one mesh or across two.
 
-    **On one mesh** (``sharding.mesh`` is the mesh the DTensor lives on): a collective call of
-    every rank of that mesh, through DTensor's ``redistribute``. The global value is unchanged; a
-    ``Partial`` source is reduced on the way. ``sharding`` may be a bare ``PartitionSpec``: on
-    ``mesh=`` or the current ``with rm:`` mesh, as ``jax.reshard`` takes one.
-
-    **Across meshes** (docs/across_meshes.md): every rank of the two meshes calls it, in the same
-    order, with a DTensor where it holds part of the source and
-    ``fm.ShapeDtypeStruct(shape, dtype, sharding=source)`` where it holds none; pytrees of them
-    travel together, one message per pair of ranks per stage. The result has no autograd history.
+    On one mesh (``sharding.mesh`` is the DTensor's), DTensor's ``redistribute``: a collective
+    call of that mesh's ranks. Across meshes, a call of every rank of both, with a
+    ``ShapeDtypeStruct`` where a rank holds no source block: docs/across_meshes.md, "The call".
 
     Args:
         x: a DTensor, a ``ShapeDtypeStruct`` (a rank without a source block), or a pytree of them.
-        sharding: the layout: a ``NamedSharding``, a ``PartitionSpec`` (on ``mesh``, or the current
-            mesh), or a pytree of them matching ``x`` (or a prefix of it).
-        mesh: across meshes, the destination's ``RealizedMesh``, required on its ranks (default:
-            the current ``with rm:`` mesh when it is the destination's); ignored elsewhere. On one
-            mesh, where a bare ``PartitionSpec`` lives.
-        async_op: ``True``: return an ``fm.Pending`` at once (the first exchange started); its
-            ``wait()`` gives the result.
-        bucket_bytes: across meshes, the most bytes one exchange carries between ranks (a
-            larger leaf is one bucket of its own); ``None``: one bucket.
+        sharding: a ``NamedSharding``, a ``PartitionSpec`` (on ``mesh``, or the current mesh), or
+            a pytree of them matching ``x`` (or a prefix of it).
+        mesh: across meshes, the destination's ``RealizedMesh`` on its ranks (default: the current
+            mesh when it is the destination's); on one mesh, where a bare ``PartitionSpec`` lives.
+        async_op: ``True``: an ``fm.Pending`` at once; its ``wait()`` gives the result.
+        bucket_bytes: across meshes, the most bytes one exchange carries between ranks; ``None``: one bucket.
 
     Returns:
-        On one mesh, a DTensor on the same torch mesh with ``sharding``'s placements. Across
-        meshes, on a rank of the destination, the tree of DTensors on ``mesh.device_mesh`` with the
-        destination's placements; ``None`` on every other rank. A ``Pending`` of it with
-        ``async_op=True``.
+        On one mesh, a DTensor with ``sharding``'s placements. Across meshes, the tree of DTensors
+        on a rank of the destination, ``None`` elsewhere. A ``Pending`` of it with ``async_op=True``.
 
     Raises:
-        TypeError: a leaf that is neither a DTensor nor a ``ShapeDtypeStruct``, a sharding that is
-            neither a ``NamedSharding`` nor a ``PartitionSpec``, or ``mesh`` not a ``RealizedMesh``.
-        MeshError: across meshes, this rank is in neither mesh; ``mesh=`` is missing on a
-            destination rank or is not the destination's; an unreduced source; a DTensor on a
-            rank outside its source, or a ``ShapeDtypeStruct`` on a rank inside it; leaves bound for
-            different meshes; trees whose structures do not match; ranks that asked for different
-            calls (shapes, dtypes, shardings; checked under ``FUNCTIONAL_MESH_CHECK_COLLECTIVES``).
-            A bare ``PartitionSpec`` with no mesh to put it on.
+        TypeError: a leaf neither a DTensor nor a ``ShapeDtypeStruct``, a sharding neither a
+            ``NamedSharding`` nor a ``PartitionSpec``, or ``mesh`` not a ``RealizedMesh``.
+        MeshError: a bare ``PartitionSpec`` with no mesh; across meshes, what docs/across_meshes.md
+            ("Errors") lists: this rank in neither mesh, ``mesh=`` missing or wrong, an unreduced
+            source, a leaf on the wrong side, leaves bound for several meshes, trees that do not
+            match, ranks that asked for different calls.
 
     Examples:
         >>> mesh = rm.mesh
@@ -246,9 +221,6 @@ def reshard(x: Any, sharding: Any, *, mesh: Any = None, async_op: bool = False,
         >>> y = fm.reshard(x, fm.NamedSharding(mesh, P()))  # an all-gather over tp
         >>> fm.sharding_of(y), y.to_local().shape
         (NamedSharding(Mesh(dp=2, tp=4), P()), torch.Size([8]))
-        >>> with rm:
-        ...     fm.sharding_of(fm.reshard(x, P("dp")))  # a bare spec: on the current mesh
-        NamedSharding(Mesh(dp=2, tp=4), P('dp'))
     """
     if isinstance(x, DTensor) and not async_op and bucket_bytes is None:
         target = _as_sharding(sharding, mesh)

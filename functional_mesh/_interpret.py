@@ -1,15 +1,9 @@
 """The interpreter of a typed ``shard_map`` region: a ``TorchFunctionMode`` that types every torch op.
 
-For each op it asks the tables (``_op_rules`` for torch functions, ``_collectives`` for ours), takes
-the rule (``_vma``: the default rule, or the exception's), inserts the implicit casts the rule asks
-for before the op runs (:meth:`_region.Region.cast`), runs it and records the result's type. It never
-names a particular op or collective.
-
-What it costs eagerly: the common op (tensors and scalars, positional or scalar keyword arguments,
-nothing written, nothing drawn) is one table lookup and one pass of :func:`_operand_types` over its
-arguments, one attribute read per tensor; operands of one type need no rule at all, operands of
-several types take the default rule's answer cached per operand types, and each cast's cached
-tensor. Every other op takes the general path (:meth:`TypedMode._typed`).
+For each op: the tables' rule (``_op_rules``, ``_collectives``; ``_vma``'s default otherwise), the
+casts it asks for (:meth:`_region.Region.cast`), the op, the result's type; it never names an op or
+a collective. One scan of the operands (:func:`_operand_types`) serves the common op; every other
+takes :meth:`TypedMode._typed` (docs/design.md, "Type rules" and "Eager cost").
 """
 
 from __future__ import annotations
@@ -57,7 +51,7 @@ class TypedMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         region = self.region
-        if not region.traced:
+        if not (region.traced or region.partial):  # (a partial-manual region's DTensors: the general path)
             plain = self.plain.get(func)
             if plain is None:
                 kind = op_kind(func)
@@ -113,18 +107,22 @@ class TypedMode(TorchFunctionMode):
                 f"`{kind.name}` (torch.distributed) writes a result whose type a typed shard_map region cannot "
                 f"know: it would leave a tensor typed invariant while its values differ across ranks; use "
                 f"{C.RAW[func]} by axis name instead, or run this region with check_vma=False")
+        # (in a partial-manual region, torch's DTensor communicates over the other axes with c10d's functional
+        # ops: their results vary as their operands do over the manual axes, the default rule)
         flat, tree = _operands(args, kwargs)
         positions = [i for i, a in enumerate(flat) if isinstance(a, torch.Tensor)]
-        operands = [region.type_of(flat[i]) for i in positions]
-        if kind.role == "untypeable":
-            raise _vma.op_error(kind.name, [(tuple(flat[i].shape), t) for i, t in zip(positions, operands,
-                                                                                    strict=True)],
+        if kind.role == "untypeable" and not (region.partial and kind.name.startswith("_c10d_functional::")):
+            raise _vma.op_error(kind.name, [(tuple(flat[i].shape), region.type_of(flat[i])) for i in positions],
                                 "a custom op's result need not follow its inputs' types; run this region "
                                 "with check_vma=False")
-        if region.unreduced is not None:
-            pending = [region.unreduced_of(flat[i]) for i in positions]
-            if any(pending):
-                return self._unreduced_op(func, kind, args, kwargs, flat, tree, positions, operands, pending)
+        if region.unreduced is not None:  # one scan: the whole types (a pending or reduced operand: its own path)
+            full = [region.types_of(flat[i]) for i in positions]
+            for t in full:
+                if t.unreduced or t.reduced:
+                    return self._unreduced_op(func, kind, args, kwargs, flat, tree, positions, full)
+            operands = [t.varying for t in full]
+        else:
+            operands = [region.type_of(flat[i]) for i in positions]
         if kind.random and is_random(func, args, kwargs):
             region.drew_random()
             rule = _vma.random_rule(operands, region.axes)
@@ -144,10 +142,12 @@ class TypedMode(TorchFunctionMode):
         return out
 
     def _unreduced_op(self, func: Any, kind: OpKind, args: tuple, kwargs: dict, flat: list[Any], tree: Any,
-                      positions: list[int], operands: list[frozenset[str]], pending: list[frozenset[str]]) -> Any:
-        """An op with an operand unreduced over some axes (a pending sum): the linear ops keep it
-        (``_vma.unreduced_op_rule``), every other op is a ``VmaError``. An operand multiplied into the
-        pending sum gets a cast whose backward sums its gradient over the sum's axes."""
+                      positions: list[int], full: list[_vma.AxisTypes]) -> Any:
+        """An op with an operand unreduced over some axes (a pending reduction) or reduced: the linear ops
+        keep a pending sum, views and reductions of their kind a pending max or min, and the rule says
+        what a reduced operand allows (``_vma.special_op_rule``); every other op is a ``VmaError``. An
+        operand multiplied into the pending sum gets a cast whose backward sums its gradient over the
+        sum's axes; a reduced operand meeting a varying one is relabelled varying (no communication)."""
         region = self.region
         linear = kind.linear
         values = _value_operands(linear, args, kwargs)
@@ -155,7 +155,8 @@ class TypedMode(TorchFunctionMode):
             linear = ""  # a number divided by a pending sum
         roles = ["value" if linear == "factors" or any(flat[i] is v for v in values) else "other" for i in positions]
         adds_number = linear == "add" and any(not isinstance(v, torch.Tensor) for v in values)
-        if linear == "factors" and func in BIAS:  # F.linear(x, w, b): a bias is added to every member's term
+        pending = [t.unreduced for t in full]
+        if linear == "factors" and func in BIAS and any(pending):  # F.linear(x, w, b): a bias is added to every term
             bias = args[BIAS[func]] if len(args) > BIAS[func] else kwargs.get("bias")
             if bias is not None:
                 axes = tuple(sorted(frozenset().union(*pending)))
@@ -163,26 +164,40 @@ class TypedMode(TorchFunctionMode):
                     f"`{kind.name}` with a bias cannot take a value unreduced over {axes}: every member would add "
                     f"the bias to its term, so the sum would hold it once per member; call it without the bias, "
                     f"then psum over {axes} and add the bias (or add it after a psum_scatter)")
-        key = (kind.name, linear, tuple(operands), tuple(pending), tuple(roles), adds_number)
+        extremum = kind.extremum
+        if extremum and kind.name in ("max", "min", "Tensor.max", "Tensor.min") and (
+                (len(args) > 1 and not isinstance(args[1], torch.Tensor)) or "dim" in kwargs):
+            extremum = ""  # torch.max(x, dim) also returns indices: refused (torch.amax keeps the kind)
+        if kind.random and is_random(func, args, kwargs):
+            raise _vma.VmaError(f"`{kind.name}` draws random numbers, which vary over every mesh axis, from a value "
+                                f"that is reduced or unreduced: cast it to varying first (fm.pcast(x, axis, "
+                                f"to='varying')), or psum it")
+        # eagerly the types themselves (interned, their hash kept); dynamo hashes their fields only
+        types = tuple((t.varying, t.unreduced, t.reduced, t.unreduced_kind) for t in full) if region.traced else \
+            tuple(full)
+        key = (kind.name, linear, types, tuple(roles), adds_number, extremum)
         rule = _RULES.get(key)
         if rule is None:
-            rule = _RULES[key] = _vma.unreduced_op_rule(
-                kind.name, linear, [(tuple(flat[i].shape), t, u) for i, t, u in zip(positions, operands, pending,
-                                                                                      strict=True)],
-                roles, adds_number)
+            rule = _RULES[key] = _vma.special_op_rule(
+                kind.name, linear, [(tuple(flat[i].shape), t) for i, t in zip(positions, full, strict=True)],
+                roles, adds_number, extremum)
         written = written_operand(func, args, kwargs)
         if written is not None:
             _vma.check_write(kind.name, region.type_of(written), rule.result,
                              [tuple(flat[i].shape) for i in positions])
-            if region.unreduced_of(written) != rule.unreduced:
+            have = region.types_of(written)
+            if (have.unreduced, have.reduced) != (rule.unreduced, rule.reduced):
                 raise _vma.VmaError(
-                    f"`{kind.name}` writes in place into a tensor unreduced over "
-                    f"{tuple(sorted(region.unreduced_of(written)))}, but the value it writes is unreduced over "
-                    f"{tuple(sorted(rule.unreduced))}; write `x = x * y` (out of place) instead")
+                    f"`{kind.name}` writes in place into a tensor unreduced over {tuple(sorted(have.unreduced))} and "
+                    f"reduced over {tuple(sorted(have.reduced))}, but the value it writes is unreduced over "
+                    f"{tuple(sorted(rule.unreduced))} and reduced over {tuple(sorted(rule.reduced))}; write "
+                    f"`x = x * y` (out of place) instead")
         changed = False
         for k, i in enumerate(positions):
             if flat[i] is written:
                 continue
+            if rule.relabels and rule.relabels[k]:
+                flat[i], changed = region.relabel(flat[i], rule.relabels[k]), True
             if rule.casts[k]:
                 flat[i], changed = region.cast(flat[i], rule.casts[k]), True
             if rule.sums and rule.sums[k]:  # its gradient is one term of the pending sum: sum it
@@ -191,7 +206,7 @@ class TypedMode(TorchFunctionMode):
             args, kwargs = _torch.pytree.tree_unflatten(flat, tree) if tree is not None else (tuple(flat), kwargs)
         out = func(*args, **kwargs)
         if written is None:
-            region.record(out, rule.result, rule.unreduced)
+            region.record(out, rule.result, rule.unreduced, rule.reduced, rule.kind)
         return out
 
 
@@ -222,7 +237,7 @@ def _operand_types(region: Region, args: tuple, kwargs: dict | None) -> frozense
         if isinstance(a, torch.Tensor):
             tag = getattr(a, TAG, None)
             if tag is not None and tag.region is region:
-                if tag.unreduced:
+                if tag.unreduced or tag.reduced:
                     return None
                 t = tag.axes
             else:
@@ -279,7 +294,7 @@ def _value_operands(linear: str, args: tuple, kwargs: dict) -> list[Any]:
         return [args[0], second] if args else []
     if linear == "cat":
         return list(args[0]) if args and isinstance(args[0], (list, tuple)) else list(kwargs.get("tensors", ()))
-    if linear == "unary":
+    if linear in ("unary", "view"):
         return list(args[:1])
     return [a for a in args if isinstance(a, torch.Tensor)]  # factors: every tensor
 

@@ -40,8 +40,7 @@ class Mesh:
 
     Args:
         axis_names: distinct non-empty names, one per axis.
-        layouts: one :class:`~functional_mesh.Layout` per axis, mapping the axis coordinate to a
-            position in ``devices``.
+        layouts: one :class:`~functional_mesh.Layout` per axis, from its coordinate to a position in ``devices``.
         devices: the global ranks (any iterable of distinct non-negative ints, or a
             ``DeviceList``); an int ``n`` means the symbolic ``0..n-1``.
 
@@ -123,8 +122,7 @@ class Mesh:
         """The mesh whose only group is a nested rank array, as torch's ``DeviceMesh(mesh=...)`` tensor.
 
         Args:
-            ranks: a nested list, numpy array or tensor of distinct non-negative ints, one
-                dimension per axis.
+            ranks: a nested list, numpy array or tensor of distinct non-negative ints, a dim per axis.
             axis_names: one distinct name per dimension of ``ranks``.
 
         Returns:
@@ -133,7 +131,6 @@ class Mesh:
         Raises:
             MeshError: a count of names other than ``ranks.ndim``, an empty array, or ranks that
                 repeat or are negative.
-            TypeError: ranks that are not ints.
 
         Examples:
             >>> m = Mesh.from_ranks([[0, 2], [1, 3]], ("dp", "tp"))
@@ -203,7 +200,6 @@ class Mesh:
 
         Raises:
             UnknownAxisError: ``name`` is not an axis (with "did you mean" on a plausible typo).
-            TypeError: ``name`` is not a str.
 
         Examples:
             >>> fm.make_mesh((2, 4), ("dp", "tp")).axis_size("tp")
@@ -225,7 +221,6 @@ class Mesh:
 
         Raises:
             UnknownAxisError: ``name`` is not an axis.
-            TypeError: ``name`` is not a str.
 
         Examples:
             >>> fm.make_mesh((2, 4), ("dp", "tp")).axis_layout("dp")
@@ -281,8 +276,7 @@ class Mesh:
     def take(self, /, **positions: int | slice | Sequence[int]) -> Mesh:
         """Keep some positions along axes, as numpy indexing of the mesh's grid of ranks does.
 
-        An int removes its axis; a slice or distinct ints keep it. Over a family every group is
-        indexed alike.
+        An int removes its axis, a slice or distinct ints keep it (docs/concepts.md, "Taking positions").
 
         Args:
             **positions: ``axis=index`` per axis to index: an int, a slice, or ints.
@@ -322,7 +316,6 @@ class Mesh:
         Raises:
             UnknownAxisError: an axis that the mesh does not have.
             MeshError: a repeated axis, a mesh with no axes, or a ``name`` that a remaining axis has.
-            TypeError: a ``name`` that is not a str.
 
         Examples:
             >>> fm.make_mesh((2, 2, 2), ("a", "b", "c")).flatten(("a", "c"))["a_c"].groups().tolist()
@@ -334,8 +327,7 @@ class Mesh:
     def unflatten(self, axis: str, sizes: Mapping[str, int] | Sequence[tuple[str, int]]) -> Mesh:
         """Split one axis into new axes, row-major, in its place.
 
-        The sizes must split the axis along its canonical modes: ``(2,3):(6,1)`` splits as ``(2, 3)``,
-        not ``(3, 2)``.
+        The sizes must split the axis along its modes (docs/concepts.md, "Unflatten follows the modes").
 
         Args:
             axis: the axis to split.
@@ -348,7 +340,6 @@ class Mesh:
             UnknownAxisError: ``axis`` is not an axis.
             MeshError: sizes that are not positive, whose product is not the axis size, that do
                 not line up with the axis's modes, or new names that clash with the other axes.
-            TypeError: ``sizes`` of another type.
 
         Examples:
             >>> m = fm.make_mesh((8,), ("world",)).unflatten("world", {"dp": 2, "tp": 4})
@@ -370,7 +361,6 @@ class Mesh:
         Raises:
             UnknownAxisError: an old name that is not an axis.
             MeshError: new names that repeat or are empty.
-            TypeError: a mapping of another type.
 
         Examples:
             >>> fm.make_mesh((2, 4), ("dp", "tp")).rename({"dp": "data", "tp": "model"})
@@ -425,7 +415,6 @@ class Mesh:
 
         Raises:
             MeshError: a negative rank.
-            TypeError: a rank that is not an int.
 
         Examples:
             >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
@@ -446,7 +435,6 @@ class Mesh:
 
         Raises:
             MeshError: a negative rank.
-            TypeError: a rank that is not an int.
 
         Examples:
             >>> fm.make_mesh((2, 4), ("dp", "tp"))["dp"].group_of(6).tolist()
@@ -466,7 +454,6 @@ class Mesh:
 
         Raises:
             MeshError: ``ranks_per_host`` below 1.
-            TypeError: ``ranks_per_host`` that is not an int.
 
         Examples:
             >>> fm.make_mesh((4, 4), ("dp", "tp")).flatten(("dp", "tp")).host_span(8)
@@ -518,7 +505,6 @@ def make_mesh(axis_sizes: Sequence[int], axis_names: str | Sequence[str], *, dev
     Raises:
         MeshError: sizes that are not positive, names that repeat or do not match the sizes in
             number, or devices that repeat, are negative or are not one per position.
-        TypeError: sizes, names or devices of the wrong type.
 
     Examples:
         >>> make_mesh((2, 4), ("dp", "tp"), devices=range(8, 16))["dp"].groups().tolist()

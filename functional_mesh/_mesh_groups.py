@@ -1,20 +1,9 @@
 """A mesh's groups: where its ranks are, and each rank's place among them.
 
-Pure functions over a mesh's parts -- its axes' layouts, its device list and its family -- behind
-:class:`~functional_mesh.Mesh`'s ``groups``, ``coordinate``, ``group_of``, ``host_span`` and
-``ranks``. A mesh whose axes cover fewer positions than its device list stands for a *family* of
-submeshes, one per offset of the complement of its axes (``_layout.complement_modes``: the
-``family`` modes here); the family is enumerated in torch's order, so ``mesh.groups()`` compares
-with a ``DeviceMesh`` line by line. A rank's coordinate is read off the digits of its position in
-O(ndim) for a symbolic device list, whatever the world size. The ``mesh`` argument rides on the
-errors only.
-
-Examples:
-    >>> from functional_mesh.layout import Layout
-    >>> from functional_mesh._devices import DeviceList
-    >>> tp, devices = (Layout(4, 1),), DeviceList.iota(8)
-    >>> groups(tp, devices).tolist(), coordinate(tp, devices, 6, None)
-    ([[0, 1, 2, 3], [4, 5, 6, 7]], (2,))
+Pure functions over a mesh's parts (its axes' layouts, device list and family: the complement of
+its axes, ``_layout.complement_modes``) behind :class:`~functional_mesh.Mesh`'s ``groups``,
+``coordinate``, ``group_of``, ``host_span`` and ``ranks``. Groups come in torch's order; a coordinate
+costs O(ndim) whatever the world size. The ``mesh`` argument rides on the errors only.
 """
 
 from __future__ import annotations

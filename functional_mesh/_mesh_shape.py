@@ -25,10 +25,8 @@ __all__ = ["MeshShape", "MeshSize", "axes_size"]
 class MeshShape(Frozen, Mapping[str, int]):
     """``mesh.shape``: an ordered, read-only mapping from axis name to size (as in JAX).
 
-    A ``collections.abc.Mapping``: ``in``, ``get``, iteration, ``keys``, ``values``, ``items``,
-    ``len`` and ``==`` (by items, so it equals a dict of the same sizes) answer as for any mapping.
-    A plain ``__slots__`` value on :class:`~functional_mesh._validate.Frozen`: a view made at each
-    ``mesh.shape``, built from names and sizes, which are not its fields.
+    A ``collections.abc.Mapping`` (``==`` by items, so it equals a dict of the same sizes), made at
+    each ``mesh.shape``.
 
     Args:
         names: the axis names, in mesh order.

@@ -1,19 +1,9 @@
 """A mesh's transformations: new axes from its axes' layouts alone, in O(ndim).
 
-Pure functions over a mesh's parts -- its axis names and their layouts (and, for :func:`take`,
-the device list and the family) -- behind :class:`~functional_mesh.Mesh`'s selections
-(``mesh[...]``, ``transpose``, ``take``) and reshapes (``flatten``, ``unflatten``, ``rename``). Each
-returns the new names and layouts, and ``Mesh`` makes the new mesh on the same device list. No
-transformation looks at the ranks, so each costs the same at 8 ranks and at a million, and none
-touches ``torch.distributed``. A selection keeps some of the axes, in any order (fewer axes make
-a family of groups); a reshape keeps the positions the mesh covers and changes only how they are
-named and grouped into axes, so the family is unchanged. The ``mesh`` argument rides on the
-errors only.
-
-Examples:
-    >>> from functional_mesh.layout import Layout
-    >>> flatten(("dp", "cp", "tp"), (Layout(2, 4), Layout(2, 2), Layout(2, 1)), ("tp", "dp"), None, None)
-    (('cp', 'tp_dp'), (Layout(2:2), Layout((2,2):(1,4))))
+Pure functions over a mesh's parts behind :class:`~functional_mesh.Mesh`'s selections (``mesh[...]``,
+``transpose``, ``take``: some axes, in any order) and reshapes (``flatten``, ``unflatten``, ``rename``:
+the same positions, so the same family). Each returns new names and layouts and never looks at the
+ranks. The ``mesh`` argument rides on the errors only.
 """
 
 from __future__ import annotations

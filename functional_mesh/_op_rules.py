@@ -1,21 +1,9 @@
 """The table of exceptions: which torch functions do not follow the default type rule, and how.
 
-Keys are the function objects a ``TorchFunctionMode`` receives (``torch.rand``,
-``torch.Tensor.normal_``, ``torch.nn.functional.dropout``, our collectives, ...). Every spelling
-of one op is registered together, and a key registered twice is an error at import time. An op
-that is in no table follows :func:`functional_mesh._vma.default_rule`: the result varies over
-the union of its tensor operands' axes. What is here:
-
-- ``PASS_THROUGH``: metadata and queries (``x.shape``, ``x.size()``, ``x.item()``, ...): no typing;
-- random ops: the result varies over every axis of the region's mesh;
-- collectives: ours are records of ``_collectives``' table (rule, parameters, communication), which
-  the region applies; torch.distributed's own (``dist.all_reduce``, ...) are refused in a typed region;
-- in-place writes are recognised by name (``add_``, ``__iadd__``, ``__setitem__``) or by an
-  ``out=`` / ``inplace=True`` argument (:func:`written_operand`);
-- custom ops (``torch.ops.<namespace>.*`` outside aten/prims) cannot be typed: :func:`is_untypeable`;
-- ``LINEAR``: the ops that keep a pending sum (a value unreduced over some axes), each with its
-  kind (``_vma.LINEAR_KINDS``): every other op refuses one. The table is beside the others, not
-  part of them: a linear op follows the default rule on values that are not pending.
+Keys are the function objects a ``TorchFunctionMode`` receives, every spelling of one op registered
+together (a key twice is an import-time error); an op in no table follows
+:func:`functional_mesh._vma.default_rule`. What the tables hold (``PASS_THROUGH``, random ops,
+collectives, in-place writes, custom ops, ``LINEAR``): docs/design.md, "Type rules".
 """
 
 from __future__ import annotations
@@ -30,7 +18,8 @@ import torch.nn.functional as F
 from . import _collectives as C
 from . import _torch
 
-__all__ = ["BIAS", "LINEAR", "PASS_THROUGH", "OpKind", "is_random", "is_untypeable", "op_kind", "written_operand"]
+__all__ = ["BIAS", "EXTREMUM", "LINEAR", "PASS_THROUGH", "OpKind", "is_random", "is_untypeable", "op_kind",
+           "written_operand"]
 
 
 _SEEN: set[Any] = set()
@@ -174,6 +163,13 @@ def _linear(kind: str, *names: str, functions: tuple[Any, ...] = ()) -> None:
         LINEAR.setdefault(func, kind)
 
 
+# views and reshapes: they keep a pending max or min too (kind "view"; a pending sum: as "unary")
+_linear("view", "clone", "contiguous", "detach", "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten",
+        "squeeze", "unsqueeze", "squeeze_", "unsqueeze_", "transpose", "transpose_", "t", "t_", "permute", "movedim",
+        "moveaxis", "swapaxes", "swapdims", "expand", "expand_as", "broadcast_to", "narrow", "select", "__getitem__",
+        "split", "chunk", "tensor_split", "unbind", "flip", "fliplr", "flipud", "roll", "rot90", "diagonal", "ravel",
+        "atleast_1d", "atleast_2d", "atleast_3d")
+_linear("view", functions=tuple(getattr(_T, g).__get__ for g in ("T", "mT") if hasattr(_T, g)))
 _linear("unary", "neg", "negative", "__neg__", "__pos__", "positive", "neg_", "negative_", "clone", "contiguous",
         "detach", "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze", "squeeze_",
         "unsqueeze_", "transpose", "transpose_", "t", "t_", "permute", "movedim", "moveaxis", "swapaxes", "swapdims",
@@ -192,6 +188,10 @@ _linear("factors", "matmul", "__matmul__", "__rmatmul__", "mm", "bmm", "mv", "do
         "tensordot", "einsum", "kron")
 _linear("factors", functions=(F.linear, F.bilinear))
 BIAS: dict[Any, int] = {F.linear: 2, F.bilinear: 3}  # linear in their factors, but a bias adds: its position
+# the reductions that keep a pending max (min) of their own kind; every other op refuses one
+EXTREMUM: dict[Any, str] = {f: k for k, names in (("max", ("amax", "max", "maximum")),
+                                                  ("min", ("amin", "min", "minimum")))
+                            for name in names for owner in (torch, _T) if (f := getattr(owner, name, None)) is not None}
 for _func in LINEAR:  # a linear op draws nothing, communicates nothing and is typed by the default rule
     if _func in _SEEN and _func not in PASS_THROUGH:
         raise RuntimeError(f"functional_mesh._op_rules: {_func!r} is linear and has another rule")
@@ -209,6 +209,7 @@ class OpKind(NamedTuple):
     writes_first: bool  # an in-place op by its name (``add_``, ``__iadd__``, ``__setitem__``)
     name: str  # how errors name it: "add", "Tensor.add_", "aten::add", "my_lib::op"
     linear: str  # its kind in ``LINEAR`` (keeps a pending sum), or "" (refuses one)
+    extremum: str = ""  # "max"/"min": a reduction of that kind (``EXTREMUM``), which keeps a pending max/min
 
 
 _KINDS: dict[Any, OpKind] = {}
@@ -249,7 +250,11 @@ def _classify(func: Any) -> OpKind:
         linear = LINEAR.get(func, "")
     except TypeError:  # unhashable: in no table
         linear = ""
-    return OpKind(role, random, writes_first, _display_name(func, op), linear)
+    try:
+        extremum = EXTREMUM.get(func, "")
+    except TypeError:
+        extremum = ""
+    return OpKind(role, random, writes_first, _display_name(func, op), linear, extremum)
 
 
 def _display_name(func: Any, op: tuple[str, str] | None) -> str:

@@ -1,26 +1,7 @@
 """Collectives issued now and waited for later (``async_op=True``): the pending result and how it is made.
 
-A collective called with ``async_op=True`` returns a :class:`Pending` at once, and
-``pending.wait()`` gives exactly the tensor the blocking call gives (values, gradients and, in a
-typed ``shard_map`` region, type). Every collective gets this without a second copy of its code:
-
-- *issue*: the collective's own function runs with a :class:`Slot` on its call. Its first step
-  that communicates is started and not waited for (eagerly the c10d call with its ``Work``; under
-  torch.compile the functional collective without its ``wait_tensor``), and the function stops
-  there. Everything that can fail before anything is sent (arguments, shapes, a typed region's
-  type rule) has run by then, so errors come at issue time. A call that communicates nothing
-  (size-1 axes, ``pvary``) simply completes.
-- *wait*: the started step is waited for (``Work.wait()``, or ``wait_tensor``), then the function
-  runs again with the slot in replay mode: the local work before the first step again (views and
-  reshapes), the started step's buffer in place of a second communication
-  (``_steps.Arrived``, whose transpose is the step's own, so gradients are the blocking ones),
-  and the rest as the blocking call does it: the later hops of a tuple of axes without a product
-  group, blocking, and the local work after the last one.
-
-What overlaps with the caller's computation is therefore the first communication
-(docs/collectives.md, "Issue now, wait later"). The backward is blocking.
-
-Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
+A :class:`Slot` on the call lets the collective's own function start its first communication
+(issue), then run again on the arrived buffer (wait): docs/design.md, "Issue now, wait later".
 """
 
 from __future__ import annotations
@@ -103,13 +84,8 @@ class Slot:
 class Pending:
     """A collective issued with ``async_op=True``: started, not yet waited for.
 
-    ``wait()`` gives exactly the tensor the blocking call gives: the same values, the same
-    gradients (the backward is blocking), and inside a typed ``shard_map`` region the same type,
-    decided when the call was issued (a type error is raised then, not at ``wait()``). Call it
-    once the work that overlaps the communication is done; a second call returns the same tensor.
-
-    What overlaps, what compiles and what happens to a result never waited for: docs/collectives.md,
-    "Issue now, wait later".
+    ``wait()`` gives exactly the tensor the blocking call gives (values, gradients, type); what
+    overlaps and what compiles: docs/collectives.md, "Issue now, wait later".
 
     Attributes:
         api: the collective's name (``"psum"``, ...).
@@ -117,9 +93,6 @@ class Pending:
 
     Examples:
         >>> pending = fm.psum(torch.ones(2, 3), "tp", mesh=rm, async_op=True)
-        >>> pending
-        Pending(psum over 'tp', not waited for)
-        >>> other = torch.ones(3, 3) @ torch.ones(3, 3)  # work that overlaps the communication
         >>> pending.wait().shape, pending.wait() is pending.wait()
         (torch.Size([2, 3]), True)
     """

@@ -1,34 +1,8 @@
 """``realize``: the one effectful step. Process groups for a mesh value, cached by layout.
 
-Every rank of the default group calls ``realize(mesh)`` with equal meshes, in the same
-order. Groups are cached in two levels:
-
-1. an *axis key* (the axis's canonical layout, the device list, device type, backend and
-   options) maps to the axis's groups, so a repeated or equivalent axis is a pure lookup;
-2. each group is held under its *ordered* member tuple (+ backend + options), so an axis
-   reached by another path (another name, another device list, a flatten or an unflatten)
-   shares every group that already exists and creates only the missing ones.
-
-Creation is one deterministic pass that every rank makes in the same order: ``split_group``
-per axis when the default group is NCCL bound to a device and the axis's groups are ascending,
-else one ``new_group`` per missing member tuple with ``sort_ranks=False``, so a member's group
-rank *is* its coordinate along the axis (mesh order). An axis whose only group is the whole
-world, ascending, reuses the default group.
-
-A size-1 axis (or product) costs no group, on every backend, and torch is lent a one-rank group
-where it asks for one; why, and what that group is: docs/design.md, "Size-1 axes". The first
-realize call that needs it makes it, so the handle and interop only read it.
-
-With ``members_only=True`` only the mesh's ranks call it: each makes only the groups it belongs
-to, with their members alone (``_cache``'s members-only path), after a check among the members.
-Groups given with ``groups=`` are the caller's: checked, handed to the handle, never cached.
-
-A call is planned whole, then carried out. :func:`~functional_mesh._realize_plan.plan` (pure) checks
-every argument and decides everything from them and from what this module reads of torch first
-(:func:`_surroundings`): one frozen ``RealizePlan``. :func:`_apply` then makes the effects in order:
-the default group's start-up (when none exists), the comparison across ranks (``_agree.py``), the
-groups (made, lent, destroyed and aborted by one module, ``_cache.py``) and the handle
-(``_handle.py``). A bad argument therefore raises before any group exists.
+How: docs/design.md, "realize" (one frozen plan from :func:`~functional_mesh._realize_plan.plan`,
+then :func:`_apply`'s effects in order: start-up, the check, the groups of ``_cache``, the handle);
+what a user sees: docs/realize.md.
 """
 
 from __future__ import annotations
@@ -77,63 +51,35 @@ def realize(
 ) -> RealizedMesh:
     """Create (or look up) the process groups of every axis of ``mesh``; a collective call.
 
-    Every rank of the default group must call it, in the same order, with an equal mesh.
-    Initialises the default group from the torchrun environment when none exists, bounded by
-    ``$FUNCTIONAL_MESH_INIT_TIMEOUT`` seconds or torch's default (never by ``timeout=``).
-    With ``members_only=True`` only the mesh's ranks call it (docs/realize.md, "Members only").
-
-    ``backend``, ``timeout`` and ``pg_options`` each take one value for every axis, or a
-    mapping from an axis name (or a product tuple of ``products=``) to a value; an axis left out
-    of the mapping gets the default. They are part of the cache key (equal rank sets with other
-    settings are other groups) and of the divergence check. An axis whose one group is the whole
-    world reuses the default group only when its settings are the default group's.
+    Every rank of the default group (or of the mesh, ``members_only=True``) calls it, in the same order,
+    with an equal mesh. Step by step, and each argument at length: docs/realize.md.
 
     Args:
-        mesh: the mesh value. Its devices must be ranks of the world.
-        device_type: "cpu" or "cuda"; ``None`` follows the default group's backend (or CUDA
-            when available if realize initialises the default group).
-        backend: ``None`` = the default group's backend when it serves ``device_type`` (as in
-            ``new_group``), else gloo for cpu and NCCL for cuda.
-        timeout: timeout of the created groups (seconds or a timedelta); ``None`` = torch's. It
-            bounds the axes' collectives and their creation, not the default group's start-up.
-        pg_options: the backend's options object for ``new_group``/``split_group`` (e.g.
-            ``ProcessGroupNCCL.Options``); compared across ranks by its type and public fields.
-        check: compare the request across all ranks first and raise ``MeshError`` on every
-            rank that got there when they differ or one never arrives: ``True`` (wait
-            ``$FUNCTIONAL_MESH_CHECK_TIMEOUT`` or 60 s), ``False``, or a number of seconds.
-        products: tuples of axis names whose product groups to create as well, for
-            tuple-axis collectives (``products=[("dp", "cp")]``).
-        axes: the axes to make groups for (default: all). An axis left out costs no process
-            group; using its group later (``rm.group``, a collective, ``rm.device_mesh``) is a
-            ``MeshError`` that says so. Its coordinate and size are still known.
-        members_only: ``True``: only the mesh's member ranks call it, in the same order among
-            themselves; each makes only its own groups, with its group's members alone, and the
-            check compares the request among the members. Needs an initialised default group
-            (its store is where members meet). A group any earlier call made for the same ranks
-            and settings is reused; nothing is asked of any other rank.
-        groups: ``{axis: process_group}`` (or a product tuple of ``products=`` as key): use a
-            group the caller made for that axis instead of making one, e.g. a fault-tolerant
-            trainer's managed replicate group. On a member rank it must have the axis's size and
-            hold this rank at its coordinate along the axis. realize never destroys or aborts it
-            (neither ``clear_cache`` nor ``abort`` touch it); the handle's collectives use it.
+        mesh: the mesh value; its devices must be ranks of the world.
+        device_type: "cpu" or "cuda"; ``None`` follows the default group's backend.
+        backend: ``None``: the default group's when it serves ``device_type``, else gloo (cpu) or NCCL.
+        timeout: of the created groups (seconds or a timedelta); ``None``: torch's. Not the start-up's
+            (``$FUNCTIONAL_MESH_INIT_TIMEOUT``).
+        pg_options: the backend's options object for ``new_group``/``split_group``.
+        check: compare the request across the ranks first: ``True`` (``$FUNCTIONAL_MESH_CHECK_TIMEOUT``
+            or 60 s), ``False``, or seconds.
+        products: tuples of axis names whose product groups to make too (``[("dp", "cp")]``).
+        axes: the axes to make groups for (default: all).
+        members_only: only the mesh's ranks call it; each makes only its own groups.
+        groups: ``{axis or product: process_group}``: the caller's groups to use, never destroyed.
+        (``backend``, ``timeout`` and ``pg_options`` also take ``{axis or product: value}``.)
 
     Returns:
         The realized mesh: ``rm.group("tp")``, ``rm.coordinate``, ``rm.device_mesh``, ...
 
     Raises:
         TypeError: ``mesh`` is not a ``Mesh``, or an argument has the wrong type.
-        MeshError: a device of the mesh is not a rank of the world, a backend or device type is not
-            available, a per-axis key names no axis (or a product not in ``products``), the ranks
-            asked for different meshes or settings or one never arrived (``check``), or a member
-            died while the groups were made (within ``timeout``), or the default group's start-up failed
-            (a rank never arrived within ``$FUNCTIONAL_MESH_INIT_TIMEOUT`` or torch's default); with ``members_only``, this rank
-            is not in the mesh or no default group exists; an adopted group's key names no realized
-            axis or product, or the group's size or this rank's position in it is not the axis's.
+        MeshError: a device not in the world, a backend or device type not available, a per-axis key
+            naming no axis, ranks that differ or never arrive (``check``), a member that died, a
+            failed start-up, a misused ``members_only`` or a misfit adopted group (docs/realize.md).
 
     Examples:
-        ``rm`` is ``fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))`` in one process standing in as
-        rank 5 of 8 on torch's fake backend (docs/api.md, "Examples"); a real job runs under
-        torchrun, where realize starts the default group itself:
+        ``rm`` is ``fm.realize(fm.make_mesh((2, 4), ("dp", "tp")))`` as rank 5 of 8 (docs/api.md, "Examples"):
 
         >>> import torch.distributed as dist
         >>> rm

@@ -1,11 +1,7 @@
 """realize's decisions, as pure functions of their inputs (no torch, no process group).
 
-:func:`plan` makes the whole plan of one :func:`functional_mesh.realize` call before any effect,
-one frozen :class:`RealizePlan`: every argument checked, each axis's settings resolved (backend,
-device type, timeout, options), the default group's start-up from the torchrun environment when
-none exists, the families to realize and the text the ranks compare. The pieces it is made of
-(and how an axis's missing groups are made, and the log lines of a call) are functions here too.
-``tests/unit/test_realize_decisions.py`` tests them as tables; ``_realize.py`` carries a plan out.
+:func:`plan` makes one frozen :class:`RealizePlan` of a :func:`functional_mesh.realize` call before any
+effect (docs/design.md, "One plan, then its effects"); ``_realize.py`` carries it out.
 """
 
 from __future__ import annotations
@@ -43,10 +39,8 @@ class InitPlan(NamedTuple):
 def plan_init(env: dict[str, str], cuda_available: bool, device_type: str | None, backend: str | None) -> InitPlan:
     """The default-group plan from the torchrun environment (``RANK``, ``WORLD_SIZE``, ...).
 
-    CUDA takes its device from ``LOCAL_RANK`` (torchrun sets it; 0 when absent) and binds NCCL
-    to it, so ``split_group`` is available later. The start-up's bound is ``$FUNCTIONAL_MESH_INIT_TIMEOUT``
-    seconds, or torch's default: realize's ``timeout=`` is for the axes' collectives, and a rank that
-    starts late (importing torch on a busy node) must not fail the others.
+    CUDA binds NCCL to ``LOCAL_RANK``'s device (0 when absent); the bound is ``$FUNCTIONAL_MESH_INIT_TIMEOUT``
+    or torch's default (docs/design.md, "Failures and start-up").
     """
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in env]
     if missing:
@@ -87,10 +81,7 @@ def resolve_backend(default_backend: str, device_type: str | None, backend: str 
                     cuda_available: bool) -> tuple[str, str, str | None]:
     """``(device_type, backend name for the cache key, backend argument for new_group)``.
 
-    ``device_type=None`` follows the default group's backend; ``backend=None`` means the
-    default group's backend when it serves the device type (as in ``new_group``), else the
-    natural backend of the device type (gloo for cpu under an NCCL default). Under torch's
-    single-process ``fake`` backend every group is fake and ``new_group`` gets ``None``.
+    The rules: docs/realize.md, step 2; under torch's ``fake`` backend every group is fake (``None``).
     """
     as_backend(backend)
     default_backend = default_backend.lower()
@@ -125,17 +116,9 @@ def creation_method(rows: Sequence[tuple[int, ...]], world_size: int, default_ba
                     bound_device: bool, borrow: bool = True) -> str:
     """How one axis's missing groups are made: "none", "default", "split" or "new_group".
 
-    - "none": a size-1 axis (every row one rank): nothing to communicate, so no group at all, on
-      every backend. Nothing is created, so every rank's group counter stays where it was
-      (torch >= 2.14 counts local groups too); torch is lent a one-rank group where it asks for
-      one (docs/design.md, "Size-1 axes").
-    - "default": the only group is the whole world in ascending order, the backend is the
-      default one and so are the other settings (``borrow``: no options, no timeout other than
-      the default group's): reuse the default group (no call).
-    - "split": one ``split_group`` call for the axis (the default group is bound to a device and
-      can split, the requested backend is the default's -- NCCL, or the fake backend that
-      simulates it -- and every group is ascending; ``split_group`` always sorts members).
-    - "new_group": one ``new_group(ranks, sort_ranks=False)`` per missing tuple, on every rank.
+    "none" for a size-1 axis, "default" for the whole world ascending with the default group's
+    settings (``borrow``), "split" where the default group can split (NCCL or the fake backend, every
+    group ascending), else "new_group": docs/design.md, "Creation" and "Size-1 axes".
     """
     if all(len(r) == 1 for r in rows):
         return "none"
@@ -216,10 +199,8 @@ def per_axis(mesh: Mesh, keys: Sequence[str | tuple[str, ...]], value: object, w
 def describe_options(options: object) -> str:
     """What ranks compare (and the cache keys) for a ``pg_options`` object: its type and public fields.
 
-    Options objects (``ProcessGroupNCCL.Options``, ...) do not compare by value and cannot be
-    sent between ranks, so their type name and their public, plain-valued attributes stand for
-    them (one level deep for a nested config object such as NCCL's ``config``); methods and
-    private attributes are left out.
+    Options objects neither compare by value nor travel, so their type name and public plain-valued
+    attributes stand for them (one level deep, for NCCL's ``config``).
     """
     if options is None:
         return "None"

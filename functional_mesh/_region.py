@@ -1,17 +1,9 @@
 """A ``shard_map`` region's state: its mesh, the types of its tensors, the casts it made, its collectives.
 
-One :class:`Region` per call of a mapped function. Eagerly a tensor's type is an attribute of the
-tensor (a :class:`Tag` naming the region, under :data:`TAG`): one attribute read per operand is the
-cheapest lookup there is, a tensor the region never typed (made outside, or by an earlier region)
-reads as invariant, and :meth:`Region.close` removes the tags from every tensor the boundary handed
-in, as the boundary does from every result, so none is seen outside. Under torch.compile the types
-are a plain dict of the traced tensors, which dynamo tracks: they are decided while tracing and are
-no part of the compiled code.
-
-The region applies each collective's record (``_collectives``): its rule, the cast the rule asks
-for, its result's type, and what an out_specs error should suggest of that result (the record's
-``fix``). It names no collective of its own but the implicit cast (``pvary``: identity forward,
-``psum`` backward), which it makes itself.
+One :class:`Region` per call of a mapped function; eagerly a tensor's type is a :class:`Tag` on it
+(under :data:`TAG`), under torch.compile a dict of the trace, and :meth:`Region.close` removes the
+tags the boundary handed in. It applies each collective's record and names none but the implicit
+``pvary`` cast (docs/design.md, "Type rules").
 """
 
 from __future__ import annotations
@@ -20,6 +12,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor, Partial, Shard
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import _collectives as C
@@ -29,7 +22,7 @@ from ._errors import MeshError, UnknownAxisError, requires
 from ._handle import RealizedMesh, resolve_mesh, selected_from
 from ._pending import Pending
 
-__all__ = ["NOTHING", "TAG", "Region", "Tag"]
+__all__ = ["NOTHING", "TAG", "Region", "Tag", "rewrap"]
 
 NOTHING: frozenset[str] = frozenset()  # the one empty type: the interpreter compares types by identity first
 
@@ -46,13 +39,23 @@ def _trace_id() -> int:
 class Tag:
     """A tensor's type in one eager region: valid only while ``region`` is the region that set it.
 
-    ``axes``: the axes it varies over; ``unreduced``: those it is a pending sum over (most often none).
+    ``axes``: the axes it varies over; ``unreduced``: those it is a pending reduction over (most often
+    none), of kind ``kind``; ``reduced``: those it is reduced over; ``types``: all of it, as
+    :func:`functional_mesh.typeof` says it (built once: the interpreter asks for it on every op).
     """
 
-    __slots__ = ("region", "axes", "unreduced")
+    __slots__ = ("region", "axes", "unreduced", "reduced", "kind", "types")
 
-    def __init__(self, region: Region, axes: frozenset[str], unreduced: frozenset[str] = NOTHING) -> None:
+    def __init__(self, region: Region, axes: frozenset[str], unreduced: frozenset[str] = NOTHING,
+                 reduced: frozenset[str] = NOTHING, kind: str = "sum") -> None:
         self.region, self.axes, self.unreduced = region, axes, unreduced
+        self.reduced, self.kind = reduced, kind
+        key = (axes, unreduced, reduced, kind)
+        self.types = _TYPES.get(key) or _TYPES.setdefault(key, _vma.AxisTypes(*key))
+
+
+# every eager type once (a few per mesh), so that the interpreter's rule cache finds its keys by identity
+_TYPES: dict[tuple[frozenset[str], frozenset[str], frozenset[str], str], _vma.AxisTypes] = {}
 
 
 class _Casts:
@@ -71,18 +74,33 @@ class Region:
     """One call of a mapped function: its realized mesh, whether it is typed, and the types."""
 
     __slots__ = ("rm", "check_vma", "axes", "traced", "trace", "types", "tags", "sources", "random", "entered",
-                 "casts", "unreduced", "waiting")
+                 "casts", "unreduced", "more", "waiting", "new", "outer", "auto", "partial", "mode")
 
-    def __init__(self, rm: RealizedMesh, check_vma: bool) -> None:
+    def __init__(self, rm: RealizedMesh, check_vma: bool, new: frozenset[str] | None = None,
+                 outer: Region | None = None) -> None:
         self.rm = rm
         self.check_vma = check_vma
-        self.axes = frozenset(rm.mesh.axis_names)
+        # manual over ``new`` (default: every axis), and over the enclosing region's manual axes; the other
+        # axes (``auto``, in mesh order) stay DTensor dims inside (docs/shard_map.md, "Manual over some axes")
+        self.outer = outer
+        if new is None and outer is None:  # manual over every axis: the common case
+            self.new = self.axes = frozenset(rm.mesh.axis_names)
+            self.auto: tuple[str, ...] = ()
+            self.partial = False
+        else:
+            self.new = frozenset(rm.mesh.axis_names) if new is None else new
+            self.axes = self.new if outer is None else self.new | outer.axes  # every manual axis
+            self.auto = tuple(a for a in rm.mesh.axis_names if a not in self.axes)
+            self.partial = bool(self.auto) or outer is not None
+        self.mode: Any = None  # the TypedMode that types this region's ops (a nested region borrows its outer's)
         self.traced = torch.compiler.is_compiling()
         self.trace = _trace_id() if self.traced else 0  # the trace the types belong to
         self.types: dict[Any, frozenset[str]] = {}  # under torch.compile: traced tensor -> axes
-        # None until a value of the region is a pending sum (unreduced over some axes): until then no op
-        # asks; then under torch.compile traced tensor -> its unreduced axes (eagerly empty: tags hold them)
+        # None until a value of the region is a pending sum (unreduced over some axes) or reduced: until then no
+        # op asks; then under torch.compile traced tensor -> its unreduced axes (eagerly empty: tags hold them),
+        # and in ``more`` its reduced axes and kind where they are not the defaults
         self.unreduced: dict[Any, frozenset[str]] | None = None
+        self.more: dict[Any, tuple[frozenset[str], str]] = {}
         self.tags: dict[Any, Tag] = {}  # eagerly: one tag per type (varying axes; (varying, unreduced) pairs)
         # results whose record has a fix for an out_specs error -> (axes, fix), made on the first one (fix_for)
         self.sources: Any = None
@@ -98,6 +116,8 @@ class Region:
 
     def type_of(self, t: torch.Tensor) -> frozenset[str]:
         """The axes ``t`` varies over; a tensor the region never saw (created outside) is invariant."""
+        if self.partial and isinstance(t, DTensor):
+            t = self._holder(t)
         if self.traced:
             return self.types.get(t, NOTHING)
         tag = getattr(t, TAG, None)
@@ -107,18 +127,34 @@ class Region:
         """The axes ``t`` is a pending sum over (none for a tensor the region never saw)."""
         if self.unreduced is None:
             return NOTHING
+        if self.partial and isinstance(t, DTensor):
+            t = self._holder(t)
         if self.traced:
             return self.unreduced.get(t, NOTHING)
         tag = getattr(t, TAG, None)
         return tag.unreduced if tag is not None and tag.region is self else NOTHING
 
     def types_of(self, t: torch.Tensor) -> _vma.AxisTypes:
-        """``t``'s whole type: the axes it varies over and those it is a pending sum over."""
+        """``t``'s whole type: the axes it varies over, those it is a pending reduction over (and its kind),
+        and those it is reduced over."""
+        if self.partial and isinstance(t, DTensor):
+            t = self._holder(t)
         if self.traced:
-            return _vma.AxisTypes(self.types.get(t, NOTHING), NOTHING if self.unreduced is None else
-                                  self.unreduced.get(t, NOTHING))
+            if self.unreduced is None:
+                return _vma.AxisTypes(self.types.get(t, NOTHING))
+            reduced, kind = self.more.get(t, (NOTHING, "sum"))
+            return _vma.AxisTypes(self.types.get(t, NOTHING), self.unreduced.get(t, NOTHING), reduced, kind)
         tag = getattr(t, TAG, None)
-        return _vma.AxisTypes(tag.axes, tag.unreduced) if tag is not None and tag.region is self else _vma.INVARIANT
+        return _vma.INVARIANT if tag is None or tag.region is not self else tag.types
+
+    def _holder(self, t: DTensor) -> torch.Tensor:
+        """Where a DTensor's type is: on it, or (one ``DTensor.from_local`` made in the region, which no op of the
+        interpreter sees) on its local tensor; :meth:`record` types both, so ``to_local`` keeps it too."""
+        if self.traced:
+            return t if t in self.types or t in self.more or (self.unreduced is not None and t in self.unreduced) else \
+                _torch.local_tensor(t)
+        tag = getattr(t, TAG, None)
+        return t if tag is not None and tag.region is self else _torch.local_tensor(t)
 
     def tag_for(self, axes: frozenset[str]) -> Tag:
         """The region's one tag of a tensor that varies over ``axes`` (eagerly)."""
@@ -127,13 +163,17 @@ class Region:
             tag = self.tags[axes] = Tag(self, axes)
         return tag
 
-    def record(self, out: Any, axes: frozenset[str], unreduced: frozenset[str] = NOTHING) -> None:
-        """Give ``out`` (a tensor, a tuple or list of them, or a pending result) the type ``axes``."""
+    def record(self, out: Any, axes: frozenset[str], unreduced: frozenset[str] = NOTHING,
+               reduced: frozenset[str] = NOTHING, kind: str = "sum") -> None:
+        """Give ``out`` (a tensor, a tuple or list of them, or a pending result) the type ``axes`` (and
+        ``unreduced`` of ``kind``, ``reduced``)."""
         if out.__class__ is Pending:  # async_op=True: its tensor takes this type when waited for
-            out.when_waited(self.record, axes, unreduced)
+            out.when_waited(self.record, axes, unreduced, reduced, kind)
             return
-        if unreduced or (self.unreduced is not None and self.traced):
-            self._record_unreduced(out, axes, unreduced)
+        if self.partial and isinstance(out, DTensor):  # and its local tensor, which to_local views
+            self.record(_torch.local_tensor(out), axes, unreduced, reduced, kind)
+        if unreduced or reduced or (self.unreduced is not None and self.traced):
+            self._record_unreduced(out, axes, unreduced, reduced, kind if unreduced else "sum")
             return
         if isinstance(out, torch.Tensor):
             if self.traced:
@@ -148,7 +188,8 @@ class Region:
             for o in out:
                 self.record(o, axes)
 
-    def _record_unreduced(self, out: Any, axes: frozenset[str], unreduced: frozenset[str]) -> None:
+    def _record_unreduced(self, out: Any, axes: frozenset[str], unreduced: frozenset[str],
+                          reduced: frozenset[str] = NOTHING, kind: str = "sum") -> None:
         if self.unreduced is None:
             self.unreduced = {}
         if isinstance(out, torch.Tensor):
@@ -159,15 +200,19 @@ class Region:
                     self.unreduced[out] = unreduced
                 else:
                     self.unreduced.pop(out, None)
+                if reduced or kind != "sum":
+                    self.more[out] = (reduced, kind)
+                else:
+                    self.more.pop(out, None)
                 return
-            key = (axes, unreduced)  # eagerly: one tag per type, beside the varying-only ones
+            key = (axes, unreduced, reduced, kind)  # eagerly: one tag per type, beside the varying-only ones
             tag = self.tags.get(key)
             if tag is None:
-                tag = self.tags[key] = Tag(self, axes, unreduced)
+                tag = self.tags[key] = Tag(self, axes, unreduced, reduced, kind)
             out.__dict__[TAG] = tag
         elif isinstance(out, (tuple, list)):
             for o in out:
-                self._record_unreduced(o, axes, unreduced)
+                self._record_unreduced(o, axes, unreduced, reduced, kind)
 
     def check_trace(self, before: str) -> None:
         """Under torch.compile the types live in one trace: a graph break inside a typed region loses
@@ -187,9 +232,10 @@ class Region:
             + "; remove the break (torch._dynamo.explain lists it; fullgraph=True refuses it), or run the "
             "region with check_vma=False")
 
-    def enter(self, t: torch.Tensor, axes: frozenset[str], unreduced: frozenset[str]) -> None:
+    def enter(self, t: torch.Tensor, axes: frozenset[str], unreduced: frozenset[str],
+              reduced: frozenset[str] = NOTHING, kind: str = "sum") -> None:
         """Type an argument's local tensor at the boundary (its tag goes at :meth:`close`)."""
-        self.record(t, axes, unreduced)
+        self.record(t, axes, unreduced, reduced, kind)
         self.entered.append(t)
 
     def drew_random(self) -> None:
@@ -222,6 +268,8 @@ class Region:
 
     def pvary(self, x: torch.Tensor, axes: tuple[str, ...]) -> torch.Tensor:
         """The cast the region makes itself (no type recorded): identity forward, ``psum`` over ``axes`` backward."""
+        if isinstance(x, DTensor):  # a partial-manual region's value: the cast is of its local tensor
+            return rewrap(x, C.PVARY.run(bind(C.PVARY, x.to_local(), axes, self.rm, {})), True)
         return C.PVARY.run(bind(C.PVARY, x, axes, self.rm, {}))
 
     def cast(self, x: torch.Tensor, axes: frozenset[str]) -> torch.Tensor:
@@ -240,7 +288,8 @@ class Region:
             if hit is not None:
                 return hit
             y = self.pvary(x, tuple(sorted(axes)))
-            self.record(y, self.type_of(x) | axes, self.unreduced_of(x))
+            t = self.types_of(x)
+            self.record(y, t.varying | axes, t.unreduced, t.reduced, t.unreduced_kind)
             self.casts.setdefault(x, {})[axes] = y
             return y
         version = x._version
@@ -253,13 +302,22 @@ class Region:
             if hit is not None and hit[0] == version:
                 return hit[1]
         y = self.pvary(x, tuple(sorted(axes)))
-        self.record(y, self.type_of(x) | axes, self.unreduced_of(x))
+        t = self.types_of(x)
+        self.record(y, t.varying | axes, t.unreduced, t.reduced, t.unreduced_kind)
         if held is None:
             old = getattr(x, _CAST, None)
             if old is None or old.region is not self:
                 self.casts.append(weakref.ref(x))
             held = x.__dict__[_CAST] = _Casts(self, tag)
         held.by_axes[axes] = (version, y)
+        return y
+
+    def relabel(self, x: torch.Tensor, axes: frozenset[str]) -> torch.Tensor:
+        """The implicit cast of a value reduced over ``axes`` to varying over them: no communication either
+        way (its varying cotangent is the pending sum its reduced type asks for; JAX's reduced_vary_cast)."""
+        t = self.types_of(x)
+        y = x.view_as(x)
+        self.record(y, t.varying | axes, t.unreduced, t.reduced - axes, t.unreduced_kind)
         return y
 
     def retire_casts(self) -> None:
@@ -279,6 +337,10 @@ class Region:
         except UnknownAxisError as error:  # name the region's mesh: the axis may exist outside it
             raise UnknownAxisError(f"{error.args[0]} (inside shard_map over {rm.mesh!r}{selected(rm)})",
                                    mesh=rm.mesh) from None
+        if self.partial:
+            self._check_manual(api, call.names)
+            if isinstance(x, DTensor):  # over the local tensor, the other axes' placements kept
+                return self._on_local(rec, x, call)
         if rec.rule is None:  # no tensor, no type (axis_size)
             return rec.run(call)
         if not self.check_vma:
@@ -287,10 +349,12 @@ class Region:
         rule = rec.rule(api, self.types_of(x) if rec.operand else _vma.INVARIANT, frozenset(call.names), call.params)
         if rec.operand and rule.casts[0]:
             call = call._replace(x=self.cast(x, rule.casts[0]))
+        if rule.params:  # what the run takes from the types (a relabel instead of a pvary)
+            call = call._replace(params={**call.params, **rule.params})
         out = rec.run(call)
         if rec.region_dtype is not None:
             out = torch.tensor(out, dtype=rec.region_dtype)
-        self.record(out, rule.result, rule.unreduced)
+        self.record(out, rule.result, rule.unreduced, rule.reduced, rule.kind)
         if rec.fix is not None and isinstance(out, torch.Tensor):
             fix = rec.fix(call.names, call.params)
             if fix is not None:  # a weak-keyed entry costs ~5-10 us, so only for a result that has a fix
@@ -298,6 +362,51 @@ class Region:
                     self.sources = {} if self.traced else WeakTensorKeyDictionary()
                 self.sources[out] = (frozenset(call.names), fix)
         return out
+
+    def _check_manual(self, api: str, names: tuple[str, ...]) -> None:
+        """A collective in a partial-manual region talks over its manual axes only (JAX: an unbound axis name)."""
+        auto = [a for a in names if a not in self.axes]
+        if auto:
+            raise _vma.VmaError(
+                f"`{api}` over {auto[0]!r} inside a shard_map region requires an axis that is manual in this region "
+                f"(axis_names: {tuple(a for a in self.rm.mesh.axis_names if a in self.axes)}), but {auto[0]!r} is "
+                f"not manual in this region: it stays a DTensor dim inside, and torch's DTensor communicates over "
+                f"it (x.redistribute(...)); add {auto[0]!r} to axis_names, or call `{api}` outside the region")
+
+    def _on_local(self, rec: Collective, x: DTensor, call: Any) -> Any:
+        """A collective of a DTensor operand (a partial-manual region's value): over its local tensor, then
+        the DTensor again with the same placements over the other axes."""
+        api, params = rec.name, call.params
+        dims = [params[k] for k in ("dim", "split_dim", "concat_dim") if isinstance(params.get(k), int)]
+        if api == "ragged_all_to_all":
+            dims.append(0)
+        sharded = [p.dim for p in x.placements if isinstance(p, Shard)]
+        if sharded and (dims and (not params.get("tiled", True) or {d % x.ndim for d in dims} & set(sharded))):
+            raise MeshError(requires(api, "inside a partial-manual shard_map region, a DTensor operand not sharded "
+                                     "over its other axes along the dims the collective moves", "placements",
+                                     tuple(x.placements), f"dims {dims}")
+                            + "; redistribute it (x.redistribute(placements=...)) so those dims are Replicate first",
+                            mesh=self.rm.mesh)
+        if api in ("pmax", "pmin") and any(isinstance(p, Partial) for p in x.placements):
+            raise MeshError(requires(api, "a DTensor operand with no Partial placement (a maximum of pending sums is "
+                                     "no maximum)", "placements", tuple(x.placements))
+                            + "; redistribute it to Replicate first", mesh=self.rm.mesh)
+        if call.slot is not None:
+            raise MeshError(requires(api, "async_op=False for a DTensor operand (a partial-manual region's value)",
+                                     "async_op", True), mesh=self.rm.mesh)
+        types = self.types_of(x) if self.check_vma else _vma.INVARIANT
+        local = x.to_local()
+        self.record(local, types.varying, types.unreduced)
+        params = dict(params) if call.op_dtype is None else {**params, "op_dtype": call.op_dtype}
+        out = self.collective(rec, local, call.names, None, params)
+        self.forget(local)
+        if not isinstance(out, torch.Tensor):
+            return out
+        y = rewrap(x, out, out.shape == local.shape)
+        if self.check_vma:
+            self.record(y, self.type_of(out), self.unreduced_of(out))
+            self.forget(out)
+        return y
 
     def fix_for(self, t: torch.Tensor, extra: frozenset[str]) -> str | None:
         """The fix an out_specs error suggests for ``t``, which varies over the axes ``extra`` its spec does
@@ -310,6 +419,15 @@ class Region:
     def issued(self, pending: Pending) -> None:
         """A collective issued in the region with ``async_op=True``: the exit checks it was waited for."""
         self.waiting.append(pending)
+
+
+def rewrap(x: DTensor, local: torch.Tensor, same: bool) -> DTensor:
+    """``local`` as a DTensor with ``x``'s mesh and placements: ``x``'s shape where ``same`` (the local shape
+    unchanged), else one from ``local``'s (evenly sharded)."""
+    if same:
+        return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False, shape=x.shape,
+                                  stride=x.stride())
+    return DTensor.from_local(local, x.device_mesh, x.placements, run_check=False)
 
 
 def selected(rm: RealizedMesh) -> str:

@@ -1,28 +1,9 @@
 """``reshard`` across two meshes: a plan per leaf, then one packed exchange per stage over a bridge group.
 
-``fm.reshard(x, sharding)`` whose destination mesh is not the source's comes here from
-``_interop`` (docs/across_meshes.md). For each leaf of the tree the pure plan
-(``_reshard_plan.plan_reshard``) lists the moves: which rank sends which box of the global tensor
-to which rank, in which stage. The transport runs it:
-
-- *Local copies* (a move from a rank to itself) are copied in memory, never sent.
-- *One message per pair per stage*: every piece that one rank sends another in a stage, of every
-  leaf (bf16 and fp32 mixed), is packed into one flat ``uint8`` buffer, leaves in tree order and
-  each leaf's moves in the plan's canonical order; the receiver unpacks in the same order. The
-  sizes are known on both sides from the plan, so no counts are exchanged.
-- *One collective per stage*: the buffers go out in one uneven ``all_to_all_single`` over a
-  *bridge* group, a one-axis mesh over the union of the ranks of both meshes realized
-  members-only (``realize`` makes it, once: the next call with the same ranks is a cache hit).
-  On NCCL that is one communicator for the whole union, where point-to-point sends would make one
-  per pair of peers. A stage in which no rank sends to another is skipped on every rank.
-- ``bucket_bytes`` bounds what one exchange carries: leaves are cut, in tree order, into buckets of
-  at most that many bytes crossing ranks (a larger leaf is a bucket of its own), each its own
-  exchanges.
-- Each rank asks the plans for its own moves only (``sends``/``receives``) and for their sizes
-  (``bytes_moved``, ``stages``), never for the list of every move, which names every rank.
-
-With ``async_op=True`` the first exchange is started and a :class:`~functional_mesh.Pending`
-returned; ``wait()`` waits for it and runs the rest (later stages and buckets, blocking).
+``fm.reshard`` comes here from ``_interop`` when the destination mesh is not the source's. Local
+copies stay in memory; every piece one rank sends another in a stage, of every leaf, goes in one
+``uint8`` buffer, in one uneven ``all_to_all_single`` per stage (and bucket) over a members-only
+bridge mesh that ``realize`` makes once: docs/across_meshes.md, "The call" and "The transport".
 """
 
 from __future__ import annotations

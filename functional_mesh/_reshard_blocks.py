@@ -1,18 +1,8 @@
 """The block arithmetic under a reshard plan: which pieces of one sharding meet a block of another.
 
-A sharding splits each dim of the global tensor by a nested chunk tree (``torch.chunk``'s rule,
-the mesh's major axis first, as :func:`~functional_mesh._sharding.chunk_block`). This module
-answers the plan's questions about those trees by arithmetic, visiting only what it names:
-
-- :func:`chunk`, :func:`leaves`, :func:`count_before`: a leaf's bounds, the leaves meeting an
-  interval, how many non-empty leaves end before a point;
-- :func:`pieces`: the pieces of a split that meet a block, row-major over the dims;
-- :func:`relay_root`: which replica roots the relay tree of a piece;
-- :class:`Side`: one sharding read as split and replica coordinates, with the rank at given
-  coordinates and the blocks of given ranks;
-- :func:`common_ranks`: the ranks two device lists share.
-
-Pure: numpy and our layouts, no torch. :mod:`~functional_mesh._reshard_plan` builds the moves on it.
+Each dim is split by a nested chunk tree (``torch.chunk``'s rule, major axis first, as
+:func:`~functional_mesh._sharding.chunk_block`); the functions here answer the plan's questions about
+those trees by arithmetic, visiting only what they name. Pure: numpy and our layouts, no torch.
 """
 
 from __future__ import annotations

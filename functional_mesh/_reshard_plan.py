@@ -1,37 +1,9 @@
 """The pure plan of a reshard across two meshes: who sends which block of the global tensor to whom, and when.
 
-:func:`plan_reshard` takes a source and a destination :class:`~functional_mesh.NamedSharding` (on any
-two meshes: disjoint, overlapping, or the same devices in another order), a global shape and a dtype,
-and returns a :class:`ReshardPlan`: a value that answers, for one rank, what it receives and what it
-sends (:meth:`ReshardPlan.receives`, :meth:`ReshardPlan.sends`), each a tuple of moves (:class:`Move`).
-
-Everything is computed from the two layouts, never by listing the world (the block arithmetic is
-:mod:`~functional_mesh._reshard_blocks`; this module makes the moves and the plan of it):
-
-- per dim, the source pieces that meet a destination block are found by descending the source's
-  nested chunk tree (``torch.chunk``'s rule, the same as :func:`~functional_mesh._sharding.chunk_block`),
-  visiting only the pieces that meet it;
-- a piece held by several source replicas (mesh axes that split no dim) is sent by one of them,
-  picked arithmetically: the receiver's rank among the receivers of that piece, plus an offset per
-  piece, modulo the number of replicas, so the replicas share the sending;
-- with ``relays=True``, the destination's replicas (its mesh axes that split no dim) forward each
-  piece to each other in a doubling tree (stage 1, 2, ...), so the source sends each byte once per
-  distinct destination block; piece ``k`` of the ``p`` meeting a block has its tree rooted at replica
-  ``(k * R) // p`` of its ``R`` replicas, so the roots lie evenly apart and each replica forwards about one
-  block.
-
-A destination rank that holds a piece in the source copies it locally (a move to itself) and
-receives it from no one; it still forwards it in the tree, in stage 0 (it holds it in the source). ``bytes_moved`` is then the lower bound:
-what every destination rank needs minus what it already holds.
-
-Examples:
-    >>> src = fm.NamedSharding(fm.make_mesh((2,), ("tp",)), fm.P("tp"))
-    >>> dst = fm.NamedSharding(fm.make_mesh((2,), ("dp",), devices=range(2, 4)), fm.P())
-    >>> plan = fm.plan_reshard(src, dst, (4,), "float32")
-    >>> plan.receives(3)          # piece 1 straight from its holder, piece 0 relayed by rank 2
-    (Move(1 -> 3, [2:4], stage 0, 8 bytes), Move(2 -> 3, [0:2], stage 1, 8 bytes))
-    >>> plan.bytes_moved, plan.max_send_bytes, plan.stages
-    (32, 8, 2)
+:func:`plan_reshard` returns a :class:`ReshardPlan`, which answers for one rank what it receives and
+sends (moves, :class:`Move`), computed from the two layouts (the block arithmetic: ``_reshard_blocks``),
+never by listing the world. How (pieces, local copies, source replicas sharing the sending, relay
+trees): docs/across_meshes.md, "The plan".
 """
 
 from __future__ import annotations
@@ -102,8 +74,7 @@ class _PlanRanks:
 class Move(Frozen):
     """One message of a plan: ``src_rank`` sends the block ``index`` of the global tensor to ``dst_rank``.
 
-    A frozen value. ``stage`` 0: the sender holds the block in the source sharding; ``stage`` k > 0:
-    a relay, the sender received it in a stage before k. ``src_rank == dst_rank`` is a local copy.
+    ``stage`` > 0: a relay (docs/across_meshes.md, "The plan"); ``src_rank == dst_rank``: a local copy.
 
     Args:
         src_rank: the sending global rank.
@@ -114,7 +85,6 @@ class Move(Frozen):
 
     Raises:
         MeshError: a negative rank, stage or size, or a slice with a step or ``stop < start``.
-        TypeError: arguments of other types.
 
     Examples:
         >>> m = Move(0, 4, (slice(0, 2), slice(0, 8)), 0, 64)
@@ -189,9 +159,6 @@ class _Cache(TypedDict, total=False):
 class ReshardPlan(Frozen):
     """Who sends which block to whom, in which stage, to turn sharding ``src`` into ``dst``; from :func:`plan_reshard`.
 
-    One rank's answers (:meth:`receives`, :meth:`sends`) are computed on demand, in time that does not
-    grow with the world; :attr:`moves` and :attr:`max_send_bytes` list the plan once and keep it.
-
     Args:
         src: the source ``NamedSharding`` (kept as ``plan.src``).
         dst: the destination ``NamedSharding`` (``plan.dst``).
@@ -264,7 +231,6 @@ class ReshardPlan(Frozen):
 
         Raises:
             MeshError: a negative rank.
-            TypeError: a rank that is not an int.
 
         Examples:
             >>> sh = fm.NamedSharding(fm.make_mesh((2,), ("x",)), fm.P())
@@ -285,7 +251,6 @@ class ReshardPlan(Frozen):
 
         Raises:
             MeshError: a negative rank.
-            TypeError: a rank that is not an int.
 
         Examples:
             >>> sh = fm.NamedSharding(fm.make_mesh((2,), ("x",)), fm.P())
@@ -353,7 +318,6 @@ class ReshardPlan(Frozen):
 
         Raises:
             MeshError: a negative rank.
-            TypeError: a rank that is not an int.
 
         Examples:
             >>> mesh = fm.make_mesh((2,), ("x",))
@@ -401,8 +365,7 @@ class ReshardPlan(Frozen):
     def sends(self, rank: int) -> tuple[Move, ...]:
         """What ``rank`` sends, local copies included, in the canonical order of :attr:`Move.key`.
 
-        Filtering ``sends(a)`` by ``dst_rank == b`` gives the moves of ``receives(b)`` from ``a``, in the
-        same order. O(moves sent), whatever the world size.
+        O(moves sent), whatever the world size.
 
         Args:
             rank: a global rank (one of neither mesh sends nothing).
@@ -413,7 +376,6 @@ class ReshardPlan(Frozen):
 
         Raises:
             MeshError: a negative rank.
-            TypeError: a rank that is not an int.
 
         Examples:
             >>> src = fm.NamedSharding(fm.make_mesh((1,), ("x",)), fm.P())
@@ -646,7 +608,7 @@ def plan_reshard(src: NamedSharding, dst: NamedSharding, shape: Sequence[int], d
                  relays: bool = True) -> ReshardPlan:
     """The plan that turns a tensor sharded as ``src`` into one sharded as ``dst``, on any two meshes.
 
-    Pure: no torch, no communication; how the moves are chosen is the module docstring's.
+    Pure: no torch, no communication; how the moves are chosen: docs/across_meshes.md, "The plan".
 
     Args:
         src: the source sharding (on a mesh of one group; nothing unreduced).
@@ -671,12 +633,6 @@ def plan_reshard(src: NamedSharding, dst: NamedSharding, shape: Sequence[int], d
         ...                        (4, 4), "float32")
         >>> plan.receives(1)          # rows 2:4; rank 1 holds none of them
         (Move(2 -> 1, [2:4, 0:2], stage 0, 16 bytes), Move(3 -> 1, [2:4, 2:4], stage 0, 16 bytes))
-        >>> fm.plan_reshard(fm.NamedSharding(mesh, fm.P("dp")), fm.NamedSharding(mesh["tp"], fm.P()), (4,), "int8")
-        Traceback (most recent call last):
-        ...
-        functional_mesh.MeshError: `plan_reshard` requires a dst mesh of one group (a family such as mesh['tp']
-        holds one copy per group: plan each group's reshard on the group's own mesh), but got
-        dst.mesh=Mesh(tp=2; 2 groups over devices 0..3)
     """
     api = "plan_reshard"
     src = _check_sharding(api, "src", src)
@@ -690,8 +646,7 @@ def plan_reshard(src: NamedSharding, dst: NamedSharding, shape: Sequence[int], d
 class ShapeDtypeStruct(Frozen):
     """A tensor's global shape, dtype and (optionally) sharding, without its data (JAX's name).
 
-    What a rank that holds no part of the source passes to ``fm.reshard`` in place of a tensor. A
-    frozen value; equal fields, equal values.
+    What a rank that holds no part of the source passes to ``fm.reshard`` in place of a tensor.
 
     Args:
         shape: the global shape: non-negative ints.
@@ -700,7 +655,6 @@ class ShapeDtypeStruct(Frozen):
 
     Raises:
         MeshError: a negative size, a shape the sharding's spec does not fit, an unknown dtype name.
-        TypeError: a shape, dtype or sharding of another type.
 
     Examples:
         >>> sds = fm.ShapeDtypeStruct((8, 4), "bfloat16")

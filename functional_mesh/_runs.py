@@ -1,12 +1,8 @@
 """How each collective runs a bound call: its parameters checked, its steps over the call's groups.
 
-One function (or a few) per collective, which its record (``_collectives``) holds: ``psum`` is
-``run`` of ``psum``'s record, ``psum_untyped`` its untyped-region convention, ``describe_gather``
-what the debug check compares of an ``all_gather``, and so on. Each takes a :class:`~functional_mesh._call.Call`
-that ``_call.bind`` checked, plans its steps (``_steps``: one communication each, with its transpose)
-over ``call.hops()``, innermost or outermost axis first as the collective needs, and passes each one
-through ``_call.apply_step``. The semantics, groups and autograd rules of each collective are told
-in ``_collectives``; nothing here is public.
+One function (or a few) per collective, held by its record (``_collectives``): ``run``, the untyped
+convention, the debug check's text. Each plans its ``_steps`` over ``call.hops()`` and passes each
+through ``_call.apply_step``. Nothing here is public.
 """
 
 from __future__ import annotations
@@ -112,18 +108,23 @@ def identity(call: Call) -> torch.Tensor:
 
 
 def pcast_params(api: str, params: dict[str, Any]) -> dict[str, Any]:
-    if params["to"] not in ("varying", "unreduced"):
-        raise MeshError(requires(api, "a supported target", "to", params["to"], "'varying', 'unreduced'"))
+    if params["to"] not in ("varying", "unreduced", "reduced"):
+        raise MeshError(requires(api, "a supported target", "to", params["to"], "'varying', 'unreduced', 'reduced'"))
     return params
 
 
 # pcast(to="unreduced"): identity forward and backward (a pending sum's cotangent is the same on every
 # member, as the cotangent of the varying value it was); the result is a pending sum over the axes.
+# pcast(to="reduced"): identity forward, psum backward (the reduced value's cotangent is a pending sum,
+# which the invariant operand's is not: JAX's preduced, whose transpose is unreduced_psum). "relabel" (the
+# rule's answer for to="varying" of a reduced value): identity both ways (JAX's reduced_vary_cast).
 
 
 def pcast(call: Call) -> torch.Tensor:
-    if call.params["to"] == "varying":
+    if call.params["to"] in ("varying", "reduced"):
         return pvary(call)
+    if call.params["to"] == "relabel":
+        return call.x.view_as(call.x)
     return identity(call).view_as(call.x)  # a new tensor: the region types it, not x
 
 

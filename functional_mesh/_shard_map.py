@@ -1,28 +1,8 @@
 """``shard_map``: a function written for one shard, mapped over a realized mesh, typed by axis name.
 
-The call is here: resolve the mesh, open a region, enter the arguments, run ``f`` (under the
-interpreter when typed), check its pending results were waited for, and exit the results. Its
-parts live in three rooms beside this one (docs/design.md, "Type rules"):
-
-- ``_region``: a region's state: its mesh, the types of its tensors (eagerly a tag on each
-  tensor, under torch.compile a dict of the trace), the implicit casts it made, and how it applies
-  each collective's record;
-- ``_interpret``: the interpreter of a typed region, a ``TorchFunctionMode`` that asks the tables
-  (``_op_rules``, ``_collectives``) for each op's rule, inserts the casts the rule asks for, runs
-  the op and records the result's type; it never names a particular op or collective;
-- ``_boundary``: what enters (a full tensor's local block, a DTensor's local tensor, every misfit
-  of in_specs in one error) and what leaves (the checks of out_specs, the DTensors), by plans made
-  once per spec and mesh.
-
-What a region costs eagerly: a typed one, one table lookup and one attribute read per operand
-for the common op (operands of one type, nothing written, nothing drawn), whose answer needs no
-rule at all; other ops take the general path, with the default rule's answers cached per operand
-types. An untyped region installs no mode: its ops are plain torch, and only the collectives ask
-for the open region (JAX's untyped gradient convention). Under torch.compile the whole region is
-traced: the types, the table's answers and the boundary's plans are decided while tracing, and
-the compiled code holds the ops, casts and collectives only.
-
-Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
+The call is here (resolve the mesh, open a region, enter the arguments, run ``f``, check its pending
+results were waited for, exit the results); its three rooms, ``_region``, ``_interpret`` and
+``_boundary``, and what a region costs: docs/design.md, "Type rules" and "Eager cost".
 """
 
 from __future__ import annotations
@@ -75,7 +55,8 @@ def typeof(t: torch.Tensor) -> _vma.AxisTypes:
         t: a tensor of the region (one made outside it reads as invariant).
 
     Returns:
-        Its type: ``AxisTypes(varying=frozenset(axis names))``.
+        Its type: ``AxisTypes(varying=..., unreduced=..., reduced=..., unreduced_kind=...)`` (the last
+        three shown where not empty or "sum").
 
     Raises:
         TypeError: ``t`` is not a tensor.
@@ -87,6 +68,11 @@ def typeof(t: torch.Tensor) -> _vma.AxisTypes:
         ...     return x
         >>> _ = fm.shard_map(f, in_specs=P("tp"), out_specs=P("tp"), mesh=rm)(torch.arange(8.0))
         AxisTypes(varying=frozenset({'tp'})) AxisTypes(varying=frozenset())
+        >>> from torch.distributed.tensor import DTensor, Partial, Replicate
+        >>> m = DTensor.from_local(torch.ones(2), rm.device_mesh, [Replicate(), Partial("max")])  # a pending max
+        >>> _ = fm.shard_map(lambda x: print(fm.typeof(x)) or fm.pmax(x, "tp"), mesh=rm, out_specs=P(),
+        ...                  in_specs=P(unreduced="tp", unreduced_kind="max"))(m)
+        AxisTypes(varying=frozenset(), unreduced=frozenset({'tp'}), unreduced_kind='max')
         >>> fm.typeof(torch.ones(2))
         Traceback (most recent call last):
         ...
@@ -102,16 +88,18 @@ def typeof(t: torch.Tensor) -> _vma.AxisTypes:
 
 
 def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_specs: Any,
-              mesh: RealizedMesh | None = None, check_vma: bool = True) -> Any:
+              mesh: RealizedMesh | None = None, check_vma: bool = True, axis_names: Any = None) -> Any:
     """Map ``f``, written for one shard, over the realized mesh: JAX's ``shard_map`` on torch.
 
     Args:
         f: the per-shard function (or omit it to use ``shard_map(...)`` as a decorator).
         in_specs: a ``PartitionSpec`` per argument, or any pytree prefix of the arguments.
         out_specs: a ``PartitionSpec`` per result, or any pytree prefix of the results.
-        mesh: a ``RealizedMesh``; ``None`` = the current ``with rm:`` mesh, at call time.
+        mesh: a ``RealizedMesh``; ``None`` = the enclosing region's, else the current ``with rm:`` mesh, at call time.
         check_vma: track which axes each tensor varies over, insert the implicit ``pvary``s and
             check the results against out_specs (docs/shard_map.md); ``False`` trusts out_specs.
+        axis_names: the axes the region is manual over (a set; ``None``: every axis); the others stay
+            DTensor dims inside, and regions nest over disjoint sets (docs/shard_map.md, "Manual over some axes").
 
     Returns:
         The mapped function: DTensor or full-tensor arguments in, DTensors out. A DTensor argument
@@ -122,11 +110,12 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
         TypeError: ``f`` is not callable, ``check_vma`` is not a bool, a spec leaf is not a
             ``PartitionSpec``, or ``mesh`` is not a ``RealizedMesh``.
         MeshError: when called: no mesh (``mesh=None`` outside ``with rm:``), a rank outside the
-            mesh, a nested region, specs that are no pytree prefix of the values, a sharded dim
-            that does not divide evenly, a DTensor sharded otherwise than its spec.
-        VmaError: when called with ``check_vma=True``: a result varies over an axis its out_spec
-            does not name (one error lists every such result, with its fix), or an op the region
-            cannot type.
+            mesh, a nested region over axes already manual, a spec naming an axis not in ``axis_names``,
+            specs that are no pytree prefix of the values, a sharded dim that does not divide
+            evenly, a DTensor sharded otherwise than its spec.
+        VmaError: a collective over an axis not in ``axis_names``; with ``check_vma=True``: a result
+            varies over an axis its out_spec does not name (one error lists every such result, with
+            its fix), or an op the region cannot type.
 
     Examples:
         >>> double = fm.shard_map(lambda x: x * 2, in_specs=P("tp"), out_specs=P("tp"), mesh=rm)
@@ -145,7 +134,8 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
         torch.Size([])
     """
     if f is None:
-        return functools.partial(shard_map, in_specs=in_specs, out_specs=out_specs, mesh=mesh, check_vma=check_vma)
+        return functools.partial(shard_map, in_specs=in_specs, out_specs=out_specs, mesh=mesh, check_vma=check_vma,
+                                 axis_names=axis_names)
     if not callable(f):
         raise TypeError(requires("shard_map", "a callable f", "f", f))
     if not isinstance(check_vma, bool):
@@ -154,36 +144,82 @@ def shard_map(f: Callable[..., Any] | None = None, /, *, in_specs: Any, out_spec
         resolve_mesh("shard_map", mesh)  # the error for a pure Mesh or another type
     check_specs("in_specs", in_specs)
     check_specs("out_specs", out_specs)
+    names = _axis_names(axis_names)
 
     @functools.wraps(f)
     def mapped(*args: Any) -> Any:
         if not torch.compiler.is_compiling():
-            return _call(f, mesh, check_vma, in_specs, out_specs, args)
+            return _call(f, mesh, check_vma, in_specs, out_specs, args, names)
         why = _no_compiled_regions()  # "" where this torch's dynamo traces a region (probed once)
         if why:  # before dynamo meets the mesh: its own error there names none of this
             _torch.raise_while_tracing(False, why)
         try:
-            return _call(f, mesh, check_vma, in_specs, out_specs, args)
+            return _call(f, mesh, check_vma, in_specs, out_specs, args, names)
         except MeshError as error:  # a type or boundary error while tracing: the user's error, not torch's
             _torch.raise_while_tracing(isinstance(error, _vma.VmaError), error.args[0])
 
     return mapped
 
 
+def _axis_names(axis_names: Any) -> tuple[str, ...] | None:
+    """``axis_names`` checked at ``shard_map``: ``None`` (every axis), else its names, sorted (the mesh checks them)."""
+    if axis_names is None:
+        return None
+    if isinstance(axis_names, str) or not isinstance(axis_names, (set, frozenset, tuple, list)) or not all(
+            isinstance(a, str) for a in axis_names):
+        raise TypeError(requires("shard_map", "axis_names=None or a set of mesh axis names", "axis_names",
+                                 axis_names))
+    return tuple(sorted(set(axis_names))) or None  # JAX: an empty set is every axis
+
+
+def _region(rm: RealizedMesh, check_vma: bool, names: tuple[str, ...] | None) -> Region:
+    """The region of one call: manual over ``names`` (``None``: every axis the enclosing region leaves)."""
+    outer = current_region()
+    if names is None and outer is None:  # the common case: manual over every axis
+        return Region(rm, check_vma)
+    axes = rm.mesh.axis_names
+    if names is not None:
+        unknown = [a for a in names if a not in axes]
+        if unknown:
+            raise MeshError(requires("shard_map", "axis_names that are axes of the mesh", "axis_names", names, axes),
+                            mesh=rm.mesh)
+    if outer is None:
+        return Region(rm, check_vma, None if names is None or len(names) == len(axes) else frozenset(names))
+    if not isinstance(outer, Region) or outer.rm.mesh != rm.mesh or outer.check_vma != check_vma:
+        raise MeshError(requires("shard_map", "a region nested in a region over the same mesh, with the same "
+                                 "check_vma", "an enclosing region", "over another mesh or check_vma"))
+    left = tuple(a for a in axes if a not in outer.axes)
+    new = frozenset(left if names is None else names)
+    taken = sorted(new & outer.axes)
+    if taken or not new:
+        raise MeshError(
+            "`shard_map` requires a nested region to be manual over axes its enclosing regions are not (regions nest "
+            f"over disjoint axis sets), but got axis_names={names} inside a region manual over "
+            f"{tuple(a for a in axes if a in outer.axes)} (the axes left: {left}); call the inner function directly, "
+            "or make the outer region manual over fewer axes (axis_names=...)", mesh=rm.mesh)
+    return Region(rm, check_vma, new, outer)
+
+
 def _call(f: Callable[..., Any], mesh: RealizedMesh | None, check_vma: bool, in_specs: Any, out_specs: Any,
-          args: tuple) -> Any:
-    rm = resolve_mesh("shard_map", mesh)
+          args: tuple, names: tuple[str, ...] | None = None) -> Any:
+    enclosing = current_region() if mesh is None else None
+    rm = enclosing.rm if isinstance(enclosing, Region) else resolve_mesh("shard_map", mesh)  # nested: its mesh
     if rm.coordinate is None:
         raise member_error("shard_map", rm)
-    if current_region() is not None:
-        raise MeshError("`shard_map` requires no enclosing shard_map region (nested regions are not "
-                        "supported), but got one; call the inner function directly")
-    region = Region(rm, check_vma)
+    region = _region(rm, check_vma, names)
+    outer = region.outer
     try:
         local = enter_all(region, f, args, in_specs)
         with open_region(region):
-            if check_vma:  # typed: a mode sees every op
-                with TypedMode(region):
+            if check_vma and outer is not None:  # nested: the enclosing region's mode types this region's ops
+                region.mode, outer.mode.region = outer.mode, region
+                try:
+                    out = f(*local)
+                finally:
+                    outer.mode.region = outer
+            elif check_vma:  # typed: a mode sees every op
+                region.mode = TypedMode(region)
+                with region.mode:
                     out = f(*local)
             else:  # untyped: plain torch; only the collectives ask for the region
                 out = f(*local)

@@ -1,22 +1,8 @@
 """Sharding values: ``PartitionSpec`` and ``NamedSharding``, pure shard arithmetic.
 
-A ``PartitionSpec`` says, per tensor dim, which mesh axes split it: ``None`` (replicated), an
-axis name, or a tuple of names (their product, first name major, as in JAX). Uneven dims follow
-DTensor's rule, ``torch.chunk``'s: each axis splits its piece into chunks of ``ceil(n / k)``, the
-last ones smaller or empty; a tuple splits by its first axis, then each piece by the next.
-
-Nothing here imports torch: :attr:`NamedSharding.placements` asks the torch boundary
-(``_torch.py``) to turn the pure :func:`placement_plan` into DTensor placement objects on demand.
-
-Examples:
-    >>> mesh = fm.make_mesh((4, 2), ("x", "y"))
-    >>> sh = fm.NamedSharding(mesh, fm.P("x", "y"))
-    >>> sh.shard_shape((8, 4))
-    (2, 2)
-    >>> sh.local_slices((8, 4), 3)
-    (slice(2, 4, None), slice(2, 4, None))
-    >>> fm.NamedSharding(mesh, fm.P(("y", "x"), None)).local_slices((8, 4), 1)
-    (slice(4, 5, None), slice(0, 4, None))
+A spec names, per dim, the axes that split it; uneven dims follow DTensor's ``torch.chunk`` rule
+(docs/sharding.md). Nothing here imports torch: :attr:`NamedSharding.placements` asks ``_torch``
+to turn the pure :func:`placement_plan` into DTensor placements.
 """
 
 from __future__ import annotations
@@ -31,7 +17,7 @@ from ._errors import MeshError, requires
 from ._mesh import Mesh, axes_size, axis_position
 from ._validate import Frozen, as_int
 
-__all__ = ["UNREDUCED", "P", "NamedSharding", "PartitionSpec", "chunk_block", "global_shape_of", "placement_plan", "shape_of", "spec_from_plan"]
+__all__ = ["KINDS", "UNREDUCED", "P", "NamedSharding", "PartitionSpec", "chunk_block", "global_shape_of", "placement_plan", "shape_of", "spec_from_plan"]
 
 Entry = str | tuple[str, ...] | None
 
@@ -54,37 +40,49 @@ def _entry(value: object) -> Entry:
     raise TypeError(requires("PartitionSpec", "None, an axis name or a tuple of axis names per dim", "entry", value))
 
 
-def _unreduced(value: object, given: tuple[Entry, ...]) -> frozenset[str]:
-    """The axes a value is unreduced over: any iterable of names (one name alone as well), none on a dim."""
+def _axis_set(keyword: str, value: object, given: tuple[Entry, ...]) -> frozenset[str]:
+    """The axes of ``unreduced=`` or ``reduced=``: any iterable of names (one name alone as well), none on a dim."""
     given_names = (value,) if isinstance(value, str) else value
     try:
         names: tuple[Any, ...] = tuple(given_names)  # type: ignore[arg-type]  # Any: the caller's, checked below
     except TypeError:
-        raise TypeError(requires("PartitionSpec", "unreduced= an iterable of axis names", "unreduced",
+        raise TypeError(requires("PartitionSpec", f"{keyword}= an iterable of axis names", keyword,
                                  value)) from None
     for name in names:
         if not isinstance(name, str):
-            raise TypeError(requires("PartitionSpec", "str axis names in unreduced=", "name", name))
+            raise TypeError(requires("PartitionSpec", f"str axis names in {keyword}=", "name", name))
         if not name:
-            raise MeshError(requires("PartitionSpec", "axis names that are non-empty", "unreduced", value))
+            raise MeshError(requires("PartitionSpec", "axis names that are non-empty", keyword, value))
     split = {a for e in given if e is not None for a in ((e,) if isinstance(e, str) else e)}
     both = sorted(split.intersection(names))
     if both:
-        raise MeshError(requires("PartitionSpec", "each axis either splitting a dim or in unreduced=, not both",
-                                 "unreduced", set(names)) + f"; {both} also split a dim of "
-                        f"P({', '.join(map(repr, given))}): a value is sharded or pending a sum over an axis")
+        raise MeshError(requires("PartitionSpec", f"each axis either splitting a dim or in {keyword}=, not both",
+                                 keyword, set(names)) + f"; {both} also split a dim of "
+                        f"P({', '.join(map(repr, given))}): a value is sharded or {keyword} over an axis")
     return frozenset(names)
 
 
-# JAX 0.12's PartitionSpec keywords that have no meaning here yet.
-_JAX_012_KEYWORDS = ("reduced", "unreduced_kind")
+KINDS = ("sum", "max", "min")  # the kinds of a pending reduction (JAX's UnreducedKind; DTensor's Partial(op))
+
+
+def _kind(value: object, unreduced: frozenset[str]) -> str | None:
+    """``unreduced_kind=``: one of :data:`KINDS` (or JAX's ``UnreducedKind`` member), only with unreduced axes."""
+    if value is None:
+        return "sum" if unreduced else None
+    name = getattr(value, "name", value)  # jax.sharding.UnreducedKind.max -> "max"
+    if name not in KINDS:
+        raise MeshError(requires("PartitionSpec", "a reduction kind", "unreduced_kind", value, "'sum', 'max', 'min'"))
+    if not unreduced:
+        raise MeshError(requires("PartitionSpec", "unreduced_kind= only with unreduced axes (as in JAX)",
+                                 "unreduced_kind", value) + "; name the pending axes in unreduced=, or drop "
+                        "unreduced_kind=")
+    return str(name)
 
 
 def _unsupported_keyword(given: dict[str, object]) -> TypeError:
     name, value = next(iter(given.items()))
-    later = f" (JAX 0.12's {name}= is not supported yet)" if name in _JAX_012_KEYWORDS else ""
-    return TypeError(requires("PartitionSpec", f"axis entries and the keyword unreduced= only{later}",
-                              name, value, "unreduced="))
+    return TypeError(requires("PartitionSpec", "axis entries and the keywords unreduced=, reduced=, unreduced_kind= "
+                              "only", name, value, "unreduced=, reduced=, unreduced_kind="))
 
 
 class PartitionSpec(Frozen):
@@ -110,13 +108,14 @@ class PartitionSpec(Frozen):
             of axis names (their product, first name major); ``()`` is ``None`` and ``("dp",)``
             is ``"dp"``.
         unreduced: any iterable of axis names (or one name), over which the value is a pending
-            sum; default none.
-        **unsupported: no other keyword is taken; JAX 0.12's ``reduced=`` and ``unreduced_kind=``
-            get a ``TypeError`` saying so, not yet a meaning.
+            reduction; default none.
+        reduced: axes over which the value is invariant and its gradient a pending sum.
+        unreduced_kind: the pending reduction: "sum" (default), "max" or "min"; only with unreduced.
 
     Raises:
-        MeshError: an empty axis name, or an axis both splitting a dim and in ``unreduced``.
-        TypeError: an entry of another type, or a keyword other than ``unreduced``.
+        MeshError: an empty axis name, an axis both splitting a dim and pending (or reduced), an
+            axis both unreduced and reduced, a kind without unreduced axes.
+        TypeError: an entry of another type, or another keyword.
 
     Examples:
         >>> P("dp", None) == P(("dp",), ()), P("dp", None) == P("dp")
@@ -127,26 +126,43 @@ class PartitionSpec(Frozen):
         (2, ('dp',))
         >>> P("dp", unreduced={"tp"}), P("dp", unreduced=["tp"]) == P("dp", unreduced="tp")
         (P('dp', unreduced={'tp'}), True)
+        >>> P(unreduced="tp", unreduced_kind="max"), P("dp", reduced={"tp"})
+        (P(unreduced={'tp'}, unreduced_kind='max'), P('dp', reduced={'tp'}))
     """
 
-    __slots__ = ("entries", "unreduced", "_given", "_key")
+    __slots__ = ("entries", "unreduced", "reduced", "unreduced_kind", "_given", "_key")
     entries: tuple[Entry, ...]  # without trailing Nones
-    unreduced: frozenset[str]  # the axes of a pending sum
+    unreduced: frozenset[str]  # the axes of a pending reduction
+    reduced: frozenset[str]  # invariant, with a pending-sum gradient
+    unreduced_kind: str | None  # "sum", "max" or "min" with unreduced axes, else None
     _given: tuple[Entry, ...]  # as written, each entry in normal form
     _key: tuple[Any, ...]  # the value: what equality compares (the entries, then the sorted unreduced axes)
 
-    def __init__(self, *entries: object, unreduced: object = (), **unsupported: object) -> None:
+    def __init__(self, *entries: object, unreduced: object = (), reduced: object = (), unreduced_kind: object = None,
+                 **unsupported: object) -> None:
         if unsupported:
             raise _unsupported_keyword(unsupported)
         given = tuple(_entry(e) for e in entries)
         normal = list(given)
         while normal and normal[-1] is None:
             normal.pop()
-        pending = _unreduced(unreduced, given) if unreduced != () else frozenset()
+        pending = _axis_set("unreduced", unreduced, given) if unreduced != () else frozenset()
+        kept = _axis_set("reduced", reduced, given) if reduced != () else frozenset()
+        if pending & kept:
+            raise MeshError(requires("PartitionSpec", "unreduced= and reduced= without common axes (as in JAX)",
+                                     "reduced", set(kept)) + f"; {sorted(pending & kept)} are also unreduced")
+        kind = _kind(unreduced_kind, pending)
+        tail: tuple[Any, ...] = (*sorted(pending),)
+        if kept:
+            tail += (("reduced", *sorted(kept)),)
+        if kind not in (None, "sum"):
+            tail += (("kind", kind),)
         object.__setattr__(self, "entries", tuple(normal))
         object.__setattr__(self, "unreduced", pending)
+        object.__setattr__(self, "reduced", kept)
+        object.__setattr__(self, "unreduced_kind", kind)
         object.__setattr__(self, "_given", given)
-        object.__setattr__(self, "_key", given + ((_UNREDUCED_KEY, *sorted(pending)),) if pending else given)
+        object.__setattr__(self, "_key", given + ((_UNREDUCED_KEY, *tail),) if tail else given)
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -174,7 +190,11 @@ class PartitionSpec(Frozen):
             (True, P('dp'))
         """
         if key and isinstance(key[-1], tuple) and key[-1][:1] == (_UNREDUCED_KEY,):
-            return PartitionSpec(*key[:-1], unreduced=key[-1][1:])
+            tail = key[-1][1:]
+            more = {t[0]: t[1:] for t in tail if isinstance(t, tuple) and t}
+            kind = more.get("kind", (None,))[0]
+            return PartitionSpec(*key[:-1], unreduced=tuple(a for a in tail if not isinstance(a, tuple)),
+                                 reduced=more.get("reduced", ()), unreduced_kind=kind)
         return PartitionSpec(*key)
 
     def __eq__(self, other: object) -> bool:
@@ -219,6 +239,10 @@ class PartitionSpec(Frozen):
         parts = [repr(e) for e in self._given]
         if self.unreduced:
             parts.append("unreduced={" + ", ".join(map(repr, sorted(self.unreduced))) + "}")
+        if self.reduced:
+            parts.append("reduced={" + ", ".join(map(repr, sorted(self.reduced))) + "}")
+        if self.unreduced_kind not in (None, "sum"):
+            parts.append(f"unreduced_kind={self.unreduced_kind!r}")
         return f"P({', '.join(parts)})"
 
 
@@ -231,9 +255,7 @@ P = PartitionSpec
 class NamedSharding:
     """How a tensor is laid out over a mesh: ``spec`` names, per dim, the axes that split it.
 
-    Over a family mesh (e.g. ``mesh["tp"]`` of a 2-D mesh) every submesh holds its own copy,
-    sharded the same way. Uneven dims follow DTensor's ``torch.chunk`` rule. A frozen attrs
-    class: ``attrs.evolve(sharding, spec=...)`` re-validates.
+    Over a family mesh every submesh holds its own copy, sharded the same way (docs/sharding.md).
 
     Args:
         mesh: a pure :class:`~functional_mesh.Mesh` (or a family of meshes).
@@ -243,17 +265,11 @@ class NamedSharding:
     Raises:
         UnknownAxisError: an axis of ``spec`` that the mesh lacks (with "did you mean").
         MeshError: an axis used on two dims.
-        TypeError: a mesh or spec of another type.
 
     Examples:
         >>> mesh = fm.make_mesh((2, 4), ("dp", "tp"))
         >>> fm.NamedSharding(mesh, P("tp")).shard_shape((6, 4))
         (2, 4)
-        >>> fm.NamedSharding(mesh, P("dp", "dp"))
-        Traceback (most recent call last):
-        ...
-        functional_mesh.MeshError: `NamedSharding` requires each mesh axis at most once in the spec, but got
-        spec=P('dp', 'dp'); axis 'dp' splits dims 0 and 1
     """
 
     mesh: Mesh
@@ -276,7 +292,7 @@ class NamedSharding:
                         requires("NamedSharding", "each mesh axis at most once in the spec", "spec", spec)
                         + f"; axis {name!r} splits dims {seen[name]} and {dim}", mesh=mesh)
                 seen[name] = dim
-        for name in sorted(spec.unreduced):
+        for name in sorted(spec.unreduced | spec.reduced):
             axis_position(mesh, name, "NamedSharding")
         object.__setattr__(self, "mesh", mesh)
         object.__setattr__(self, "spec", spec)
@@ -292,7 +308,6 @@ class NamedSharding:
 
         Raises:
             MeshError: fewer dims than the spec, or a negative size.
-            TypeError: a shape that is not a tuple of ints.
 
         Examples:
             >>> fm.NamedSharding(fm.make_mesh((4,), ("tp",)), P("tp")).shard_shape((6, 3))
@@ -314,7 +329,6 @@ class NamedSharding:
 
         Raises:
             MeshError: a shape the spec does not fit, or a negative rank.
-            TypeError: a shape or rank of another type.
 
         Examples:
             >>> fm.NamedSharding(fm.make_mesh((2, 4), ("dp", "tp")), P("tp")).local_slices((6, 4), 5)
@@ -342,7 +356,6 @@ class NamedSharding:
 
         Raises:
             MeshError: a shape the spec does not fit.
-            TypeError: a shape of another type.
 
         Examples:
             >>> fm.NamedSharding(fm.make_mesh((2,), ("tp",)), P("tp")).devices_indices_map((4,))
@@ -413,10 +426,12 @@ def chunk_block(shape: Sequence[int], splits: Sequence[Sequence[tuple[int, int]]
 
 
 UNREDUCED = "sum"  # a mesh axis's placement-plan entry for a pending sum over it: DTensor's Partial("sum")
+# (a pending max or min: "max", "min", DTensor's Partial("max") / Partial("min"); a reduced axis: None, Replicate)
 
 
 def placement_plan(sharding: NamedSharding) -> tuple[tuple[int, int | None] | str | None, ...]:
-    """Per mesh axis: ``None`` (replicated), ``(dim, split_factor)`` or :data:`UNREDUCED`: DTensor's placements as values.
+    """Per mesh axis: ``None`` (replicated), ``(dim, split_factor)`` or a kind of :data:`KINDS` (a pending
+    reduction, :data:`UNREDUCED` for a sum): DTensor's placements as values.
 
     An axis that splits dim ``d`` is ``(d, None)``, DTensor's ``Shard(d)``, when the axes of ``d`` are
     listed in mesh order (DTensor applies placements in mesh order, each splitting the previous
@@ -433,7 +448,7 @@ def placement_plan(sharding: NamedSharding) -> tuple[tuple[int, int | None] | st
             later_outer = [a for a in axes[:j] if order[a] > order[name]]
             plan[order[name]] = (d, axes_size(mesh, later_outer) if later_outer else None)
     for name in spec.unreduced:
-        plan[order[name]] = UNREDUCED
+        plan[order[name]] = spec.unreduced_kind
     return tuple(plan)
 
 
@@ -444,8 +459,12 @@ def spec_from_plan(api: str, mesh: Mesh, plan: Sequence[tuple[int, int | None] |
     is a ``MeshError``.
     """
     by_dim: dict[int, list[str]] = {}
-    unreduced = [name for name, p in zip(mesh.axis_names, plan, strict=True) if p == UNREDUCED]
-    splits = [None if isinstance(p, str) else p for p in plan]  # str: UNREDUCED, the one str a plan holds
+    unreduced = [name for name, p in zip(mesh.axis_names, plan, strict=True) if isinstance(p, str)]
+    kinds = sorted({p for p in plan if isinstance(p, str)})
+    if len(kinds) > 1:  # a spec has one kind of pending reduction
+        raise MeshError(requires(api, "pending reductions of one kind (a PartitionSpec has one unreduced_kind)",
+                                 "placements", tuple(plan)), mesh=mesh)
+    splits = [None if isinstance(p, str) else p for p in plan]  # str: a kind, the one str a plan holds
     for name, p in zip(mesh.axis_names, splits, strict=True):
         if p is not None:
             by_dim.setdefault(p[0], []).append(name)
@@ -460,4 +479,4 @@ def spec_from_plan(api: str, mesh: Mesh, plan: Sequence[tuple[int, int | None] |
         else:
             raise MeshError(requires(api, "placements that a PartitionSpec can express", "placements", tuple(splits)),
                             mesh=mesh)
-    return PartitionSpec(*entries, unreduced=unreduced)
+    return PartitionSpec(*entries, unreduced=unreduced, unreduced_kind=kinds[0] if kinds else None)

@@ -1,36 +1,8 @@
 """The collectives' steps: one communication each, paired with its transpose; their autograd nodes.
 
-A step is a small immutable value (a ``NamedTuple``: made per call, and a constant to
-torch.compile): its group (a ProcessGroup eagerly, the group's *name* under
-torch.compile, ``None`` for a size-1 hop with no group) and plain ints. Each has ``run(x)``, the
-communication (c10d directly when the group is a ProcessGroup, torch's functional collectives
-when it is a name, through ``_torch``), and ``transpose()``, the step that carries a cotangent
-back (the rules: docs/design.md, "Collectives and autograd"). The linear pairs:
-
-- :class:`AllReduce` (``op="sum"``) and :class:`Identity`: psum and pvary;
-- :class:`Gather` and :class:`Scatter`: all_gather and psum_scatter;
-- :class:`Gather` (``index`` given: an invariant result) and :class:`Slice`: all_gather(to="invariant")
-  and a region's local block;
-- :class:`Exchange` (all_to_all), :class:`Ragged` (ragged_all_to_all), :class:`Permute` and
-  :class:`PointToPoint` (ppermute): each transposes to its inverse.
-
-A step that communicates also comes in two halves, ``start`` and ``finish``, for a collective
-issued now and waited for later (``async_op=True``, ``_pending``): :class:`Arrived` is the second
-half of a step started earlier.
-
-:class:`Comm` makes a step and its transpose one autograd node of a tensor and constants, which
-torch.compile traces whole. ``max`` and ``min`` are not linear: :class:`Extremum` gives pmax and
-pmin their gradient (to the members holding the result, ties split evenly, as ``torch.amax``).
-The records of ``_collectives`` say which steps each collective makes.
-
-Under torch.compile every step's result depends on the data it was given, also where a member
-receives nothing (the zeros it returns are made from what the communication returned): so a
-backward step always depends on its incoming gradient, and no partitioner can move it into the
-compiled forward on some ranks only (a compiled program must issue the same collectives in the
-same order on every rank).
-
-The debug check (``_debug``, off by default) is a callable the nodes are given: it compares what
-the members of a group ask for before each step communicates.
+What a step is, the linear pairs and the nodes: docs/design.md, "Collectives and autograd"; why every
+step's result depends on its data under torch.compile (also where a member receives nothing):
+docs/compile.md, "One program on every rank".
 """
 
 from __future__ import annotations
@@ -60,10 +32,8 @@ __all__ = ["AllReduce", "Arrived", "AsyncStep", "Comm", "Exchange", "Extremum", 
 class Step(Protocol):
     """What every step below is: one communication (or a local stand-in) paired with its transpose.
 
-    ``group``: what it talks over (the ProcessGroup eagerly, its name under torch.compile; ``None``:
-    one member); ``local``: it never communicates (the debug check skips it, ``async_op=True`` starts
-    nothing for it); ``grad_by_torch``: eagerly, ``run``'s own autograd already is its transpose, so
-    no node of ours is needed. Read-only, so a field, a class attribute or a property will do.
+    ``local``: it never communicates (no debug check, nothing started by ``async_op=True``);
+    ``grad_by_torch``: eagerly, ``run``'s own autograd is its transpose (no node of ours needed).
     """
 
     @property
@@ -96,13 +66,26 @@ def _zeros(like: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(like)  # eagerly nothing moves, and zeros_like costs ~6 us less
 
 
+class _Communicates:
+    """The :class:`Step` flags of a step that communicates, the base of every step but :class:`AllReduce`."""
+
+    __slots__ = ()
+    local = False
+    grad_by_torch = False
+
+
+class _Silent(_Communicates):
+    """The flags of a step that never communicates (:class:`Identity`, :class:`Slice`, :class:`Arrived`)."""
+
+    __slots__ = ()
+    local = True
+
+
 class AllReduce(NamedTuple):
     """The reduction ``op`` (``"sum"``, ``"max"``, ``"min"``) over the group, the same on every member.
 
-    Transpose (``sum``): :class:`Identity`, since the result is the same on every member, so is
-    its cotangent, which passes back unchanged (Megatron's g). Eagerly, ``run``'s own autograd is
-    already that identity (a clone reduced in place), so psum needs no node of its own
-    (``grad_by_torch``). ``max`` and ``min`` have no transpose: :class:`Extremum` differentiates them.
+    Transpose (``sum``): :class:`Identity`, which eagerly ``run``'s own autograd already is (a clone
+    reduced in place: ``grad_by_torch``). ``max`` and ``min``: :class:`Extremum` differentiates them.
     """
 
     group: Any
@@ -133,18 +116,14 @@ class AllReduce(NamedTuple):
         return Identity(self.group)
 
 
-class Identity(NamedTuple):
-    """``x`` itself, as a new tensor (pvary's forward). Transpose: the sum over the group (:class:`AllReduce`)."""
-
+class _Identity(NamedTuple):
     group: Any
 
-    @property
-    def local(self) -> bool:
-        return True
 
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+class Identity(_Identity, _Silent):
+    """``x`` itself, as a new tensor (pvary's forward). Transpose: the sum over the group (:class:`AllReduce`)."""
+
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         return x.view_as(x)
@@ -165,26 +144,21 @@ def _back(y: torch.Tensor, dim: int) -> torch.Tensor:
     return y if dim == 0 else y.movedim(0, dim)
 
 
-class Gather(NamedTuple):
-    """Every member's ``x`` along ``dim``, in group-rank (= mesh) order.
-
-    Transpose: the cotangent varies over the members (``index`` None): :class:`Scatter`, the sum
-    of every member's cotangent, this member's block; or it is the same on every member (``index``,
-    this member's position, given: all_gather(to="invariant")): :class:`Slice`, this member's block.
-    """
-
+class _Gather(NamedTuple):
     group: Any
     n: int
     dim: int
     index: int | None = None  # type: ignore[assignment]  # a field named as tuple.index, which it hides
 
-    @property
-    def local(self) -> bool:
-        return False
 
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+class Gather(_Gather, _Communicates):
+    """Every member's ``x`` along ``dim``, in group-rank (= mesh) order.
+
+    Transpose: :class:`Scatter`; with ``index`` (this member's position: all_gather(to="invariant")),
+    :class:`Slice`.
+    """
+
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
@@ -203,23 +177,19 @@ class Gather(NamedTuple):
         return Slice(self.group, self.n, self.dim, self.index)
 
 
-class Scatter(NamedTuple):
-    """The reduction ``op`` over the members, this member's ``1/n`` block of ``dim``.
-
-    Transpose (``sum``): :class:`Gather`, every member's block of the cotangent."""
-
+class _Scatter(NamedTuple):
     group: Any
     n: int
     dim: int
     op: str = "sum"
 
-    @property
-    def local(self) -> bool:
-        return False
 
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+class Scatter(_Scatter, _Communicates):
+    """The reduction ``op`` over the members, this member's ``1/n`` block of ``dim``.
+
+    Transpose (``sum``): :class:`Gather`, every member's block of the cotangent."""
+
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
@@ -238,25 +208,20 @@ class Scatter(NamedTuple):
         return Gather(self.group, self.n, self.dim)
 
 
-class Slice(NamedTuple):
-    """This member's block ``index`` of ``n`` along ``dim``, without communication (never a view).
-
-    Transpose: :class:`Gather` with ``index`` (every member's block of a cotangent of a value
-    that was the same on every member).
-    """
-
+class _Slice(NamedTuple):
     group: Any
     n: int
     dim: int
     index: int  # type: ignore[assignment]  # a field named as tuple.index, which it hides
 
-    @property
-    def local(self) -> bool:
-        return True
 
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+class Slice(_Slice, _Silent):
+    """This member's block ``index`` of ``n`` along ``dim``, without communication (never a view).
+
+    Transpose: :class:`Gather` with ``index``.
+    """
+
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         size = x.shape[self.dim] // self.n
@@ -266,22 +231,18 @@ class Slice(NamedTuple):
         return Gather(self.group, self.n, self.dim, self.index)
 
 
-class Exchange(NamedTuple):
-    """Block ``i`` of ``split_dim`` to member ``i``; the blocks that arrive, side by side along
-    ``concat_dim`` in member order. Transpose: the inverse exchange (the two dims swapped)."""
-
+class _Exchange(NamedTuple):
     group: Any
     n: int
     split_dim: int
     concat_dim: int
 
-    @property
-    def local(self) -> bool:
-        return False
 
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+class Exchange(_Exchange, _Communicates):
+    """Block ``i`` of ``split_dim`` to member ``i``; the blocks that arrive, side by side along
+    ``concat_dim`` in member order. Transpose: the inverse exchange (the two dims swapped)."""
+
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
@@ -306,21 +267,17 @@ class Exchange(NamedTuple):
         return Exchange(self.group, self.n, self.concat_dim, self.split_dim)
 
 
-class Ragged(NamedTuple):
-    """Rows of dim 0 by split sizes: ``sent[j]`` rows to member ``j``, ``got[j]`` from member ``j``
-    (in member order). Transpose: the same exchange with the sizes swapped."""
-
+class _Ragged(NamedTuple):
     group: Any
     sent: tuple[int, ...]
     got: tuple[int, ...]
 
-    @property
-    def local(self) -> bool:
-        return False
 
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+class Ragged(_Ragged, _Communicates):
+    """Rows of dim 0 by split sizes: ``sent[j]`` rows to member ``j``, ``got[j]`` from member ``j``
+    (in member order). Transpose: the same exchange with the sizes swapped."""
+
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:
@@ -337,23 +294,19 @@ class Ragged(NamedTuple):
         return Ragged(self.group, self.got, self.sent)
 
 
-class Permute(NamedTuple):
-    """Send to ``d`` for each ``(me, d)`` in ``pairs``, receive from ``s`` for each ``(s, me)``;
-    a member that receives nothing gets zeros. One all-to-all with empty blocks, over ``n`` members.
-    Transpose: the inverse permutation."""
-
+class _Permute(NamedTuple):
     group: Any
     n: int
     me: int
     pairs: tuple[tuple[int, int], ...]
 
-    @property
-    def local(self) -> bool:
-        return False
 
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+class Permute(_Permute, _Communicates):
+    """Send to ``d`` for each ``(me, d)`` in ``pairs``, receive from ``s`` for each ``(s, me)``;
+    a member that receives nothing gets zeros. One all-to-all with empty blocks, over ``n`` members.
+    Transpose: the inverse permutation."""
+
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         if self.group is None:  # one member: (0, 0) sends x to itself; no pair sends nothing
@@ -386,25 +339,21 @@ class Permute(NamedTuple):
         return Permute(self.group, self.n, self.me, tuple((d, s) for s, d in self.pairs))
 
 
-class RunTimePermute(NamedTuple):
+class _RunTimePermute(NamedTuple):
+    group: Any
+    n: int
+    me: Any  # a SymInt
+    pairs: tuple[tuple[int, int], ...]
+
+
+class RunTimePermute(_RunTimePermute, _Communicates):
     """:class:`Permute` with ``me`` a value of the graph (torch's ``compile_on_one_rank``: the same graph
     on every rank). The pairs are completed into a permutation of all ``n`` members (one that sends
     nothing sends to one that receives nothing, itself first, which drops it: zeros), so every
     member sends and receives one block, the sizes are expressions of ``me`` and the result's
     shape is the same on every rank. Transpose: the inverse permutation."""
 
-    group: Any
-    n: int
-    me: Any  # a SymInt
-    pairs: tuple[tuple[int, int], ...]
-
-    @property
-    def local(self) -> bool:
-        return False
-
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         return self.finish(x, _torch.wait(*self.start(x)))
@@ -438,21 +387,17 @@ class RunTimePermute(NamedTuple):
         return RunTimePermute(self.group, self.n, self.me, tuple((d, s) for s, d in self.pairs))
 
 
-class PointToPoint(NamedTuple):
-    """ppermute over a tuple of axes without its product group: point to point between global
-    ranks (``members``, in axis order), eager only. Transpose: the inverse permutation."""
-
+class _PointToPoint(NamedTuple):
     members: tuple[int, ...]
     me: int
     pairs: tuple[tuple[int, int], ...]
 
-    @property
-    def local(self) -> bool:
-        return False
 
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+class PointToPoint(_PointToPoint, _Communicates):
+    """ppermute over a tuple of axes without its product group: point to point between global
+    ranks (``members``, in axis order), eager only. Transpose: the inverse permutation."""
+
+    __slots__ = ()
 
     def run(self, x: torch.Tensor) -> torch.Tensor:
         return _torch.wait(*self.start(x))
@@ -501,23 +446,19 @@ class _Works:
 # written out where that saves a call on the eager hot path (psum).
 
 
-class Arrived(NamedTuple):
+class _Arrived(NamedTuple):
+    step: AsyncStep
+    arrived: torch.Tensor
+
+
+class Arrived(_Arrived, _Silent):
     """``step``, whose communication was started earlier and whose buffer ``arrived``: ``run`` only finishes it.
 
     Local (nothing left to communicate, so the debug check skips its forward); its transpose is
     ``step``'s, so the gradient is the blocking call's.
     """
 
-    step: AsyncStep
-    arrived: torch.Tensor
-
-    @property
-    def local(self) -> bool:
-        return True
-
-    @property
-    def grad_by_torch(self) -> bool:
-        return False
+    __slots__ = ()
 
     @property
     def group(self) -> Any:
@@ -556,10 +497,8 @@ class Extremum(torch.autograd.Function):
     """pmax/pmin: the reductions ``steps`` (one :class:`AllReduce` of ``max`` or ``min`` per hop,
     each after its debug ``checks`` entry), and their gradient.
 
-    The gradient goes to the members whose ``x`` equals the result, split evenly among ties:
-    ``grad / count * held``, as ``torch.amax``/``amin`` over the stacked members computes it. When
-    ``grad`` (a gradient will be asked for), the forward also sums ``held`` over the same groups
-    (``count``); the backward then communicates nothing.
+    The gradient ``grad / count * held`` (docs/design.md, "Collectives and autograd"): with ``grad``
+    the forward also sums ``held`` over the same groups (``count``), so the backward communicates nothing.
     """
 
     @staticmethod

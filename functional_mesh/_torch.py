@@ -38,23 +38,23 @@ __all__ = ["PlacementPlan", "abort_groups", "all_gather", "all_gather_start", "a
            "trace_time_error", "unregister_flattened"]
 
 # Per mesh axis: None (replicated), (tensor dim, split factor) (a factor of None is Shard(dim), an int
-# _StridedShard(dim, split_factor=factor)) or "sum" (a pending sum: Partial("sum")). Built by
+# _StridedShard(dim, split_factor=factor)) or "sum", "max", "min" (a pending reduction: Partial(kind)). Built by
 # functional_mesh._sharding.placement_plan.
 PlacementPlan = tuple[tuple[int, int | None] | str | None, ...]
 
 
 def to_placements(plan: PlacementPlan) -> tuple[Any, ...]:
-    """DTensor placements for a placement plan, one per mesh axis (``"sum"``: ``Partial("sum")``)."""
+    """DTensor placements for a placement plan, one per mesh axis (``"sum"``: ``Partial("sum")``, ...)."""
     # DTensor is imported on first use: it costs ~0.6 s, and realize and the collectives never need it
     from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
-    return tuple(Replicate() if p is None else Partial("sum") if p == "sum" else Shard(p[0]) if p[1] is None
+    return tuple(Replicate() if p is None else Partial(p) if isinstance(p, str) else Shard(p[0]) if p[1] is None
                  else _StridedShard(p[0], split_factor=p[1]) for p in plan)
 
 
 def from_placements(api: str, placements: Sequence[Any], mesh: Any = None) -> PlacementPlan:
-    """The placement plan of DTensor placements; a ``Partial`` other than a sum is a ``MeshError``."""
+    """The placement plan of DTensor placements; a ``Partial`` other than a sum, max or min is a ``MeshError``."""
     from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 
@@ -66,12 +66,13 @@ def from_placements(api: str, placements: Sequence[Any], mesh: Any = None) -> Pl
             plan.append((placement.dim, None))
         elif isinstance(placement, Replicate):
             plan.append(None)
-        elif isinstance(placement, Partial) and placement.reduce_op == "sum":
-            plan.append("sum")
+        elif isinstance(placement, Partial) and placement.reduce_op in ("sum", "max", "min"):
+            plan.append(placement.reduce_op)
         else:
-            raise MeshError(requires(api, "Shard, Replicate or Partial('sum') placements (a PartitionSpec has no "
-                                     "other pending reduction: redistribute it first)", "placement", placement,
-                                     "Shard, _StridedShard, Replicate, Partial('sum')"), mesh=mesh)
+            raise MeshError(requires(api, "Shard, Replicate or Partial('sum' | 'max' | 'min') placements (a "
+                                     "PartitionSpec has no other pending reduction: redistribute it first)",
+                                     "placement", placement, "Shard, _StridedShard, Replicate, Partial('sum'), "
+                                     "Partial('max'), Partial('min')"), mesh=mesh)
     return tuple(plan)
 
 
@@ -274,12 +275,8 @@ def can_split(pg: Any) -> bool:
 def one_rank_group(name: str, desc: str) -> Any:
     """A process group of this rank alone on torch's fake backend: no communicator on any device.
 
-    For one rank every collective of the fake backend is exact (an all-reduce, broadcast or
-    scatter leaves the tensor as it is; a gather or reduce-scatter copies it), except that
-    ``ReduceOp.PREMUL_SUM`` does not apply its factor. Made with ``_new_process_group_helper``
-    under ``name``, not through ``new_group``: torch's group counter (which names every later
-    group, and on torch >= 2.14 counts local groups too) does not move, so one rank may make it
-    while the others do not. Only ``_cache`` calls this.
+    Made under ``name`` without moving torch's group counter, so one rank may make it alone; what its
+    collectives compute: docs/design.md, "Size-1 axes".
     """
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the "fake" backend)
 
@@ -321,11 +318,8 @@ def group_in_order(ranks: Sequence[int], backend: str | None, *, timeout: Any, g
                    pg_options: Any) -> Any:
     """What ``new_group(ranks, sort_ranks=False)`` makes, on a torch whose ``new_group`` sorts (2.11).
 
-    Every rank of the world calls it, in the same order, as for ``new_group``: the group takes
-    the next name of torch's group counter, and its group ranks follow ``ranks``' order. Returns
-    ``None`` on a rank outside ``ranks``. Private: ``distributed_c10d._process_group_name``,
-    ``_new_process_group_helper`` and ``_world.pg_group_ranks`` (what ``new_group`` itself calls on
-    torch 2.11). Only ``_cache`` calls this, and only where ``NEW_GROUP_SORT_RANKS`` is false.
+    Every rank of the world calls it, as ``new_group``; its group ranks follow ``ranks``' order
+    (``None`` outside ``ranks``). Only where ``NEW_GROUP_SORT_RANKS`` is false.
     """
     c10d = dist.distributed_c10d
     backend_name = dist.Backend(backend or dist.get_backend())
@@ -339,12 +333,8 @@ def local_group(ranks: Sequence[int], backend: str | None, name: str, *, timeout
                 pg_options: Any) -> Any:
     """A group of ``ranks`` (group ranks in that order) made by its members alone, named ``name``.
 
-    What ``new_group(ranks, use_local_synchronization=True)`` does, with the caller's name: torch
-    names such a group by a hash of the ranks *and of how many groups this process has
-    registered*, so members with different histories would derive different names and wait for
-    each other in the store forever. Only the members call it; their backend meets through the
-    default store under ``name/``. Private: ``_new_process_group_helper`` and
-    ``_world.pg_group_ranks``. Only ``_cache`` calls this.
+    ``new_group(ranks, use_local_synchronization=True)`` with the caller's name (why: docs/realize.md,
+    "Members only"); the members meet in the default store under ``name/``.
     """
     c10d = dist.distributed_c10d
     backend_name = dist.Backend(backend or dist.get_backend())
@@ -387,14 +377,9 @@ def set_group_timeout(pg: Any, timeout: Any) -> None:
 def abort_groups(groups: Sequence[Any]) -> None:
     """Abort ``groups`` on this rank and forget them in torch's registries; no collective call.
 
-    ``ProcessGroup.abort()`` on each (it returns at once on gloo and NCCL). When NCCL groups are
-    among them the aborts go inside one ``ncclGroupStart``/``ncclGroupEnd`` (the NCCL backend's
-    private ``_group_start``/``_group_end``, found by feature detection), as torch's
-    ``_abort_process_group()`` and torch 2.15's ``DeviceMesh.abort()`` do: aborting NCCL
-    communicators one at a time can deadlock. Then each group leaves c10d's registries through
-    ``distributed_c10d._cleanup_process_group_global_state`` (private; torch 2.11 on), so its name
-    no longer resolves; ``destroy_process_group`` is not used (it may wait on a dead peer).
-    A group whose abort raises (a backend without abort, e.g. torch's fake backend) is still forgotten.
+    NCCL aborts go inside one ``ncclGroupStart``/``ncclGroupEnd`` (one at a time can deadlock), then
+    each group leaves c10d's registries (``destroy_process_group`` may wait on a dead peer); a group
+    whose abort raises (the fake backend) is still forgotten. docs/reliability.md, "Abort".
     """
     nccl = _coalescing_backend(groups)
     if nccl is not None:
@@ -552,12 +537,8 @@ def device_mesh_from_groups(groups: Sequence[Any], device_type: str, submesh: np
                             names: tuple[str, ...]) -> DeviceMesh:
     """A torch ``DeviceMesh`` over existing groups, one per axis (no new group).
 
-    A ``None`` group is an axis left out by ``realize(axes=...)``: the dim has sizes, coordinates and
-    slices like any other, and the name ``functional_mesh:unrealized:<axis>`` where torch keeps its
-    group's name, so anything that asks torch for that group (``get_group``, ``get_local_rank``, a
-    collective, a DTensor redistribution over it) fails naming the axis (private:
-    ``DeviceMesh(_init_backend=False)``, ``_dim_group_names``, ``_pg_registry``, as ``from_group``
-    fills them).
+    A ``None`` group (an axis left out by ``realize(axes=...)``) gets the name
+    ``functional_mesh:unrealized:<axis>``, so anything that asks torch for it fails naming the axis.
     """
     mesh = torch.from_numpy(np.ascontiguousarray(submesh))
     if all(g is not None for g in groups):
@@ -586,11 +567,8 @@ def flat_layout(layout: Any) -> Any:
 def register_flattened(root: DeviceMesh, names: tuple[str, ...], pg: Any) -> None:
     """Make ``root[names]._flatten()`` find the product group ``pg`` instead of creating a new one.
 
-    torch derives flattened meshes itself (FSDP2 flattens ``mesh[("dp_shard", "cp")]`` when it
-    shards over both) and caches them by name in the root's ``_flatten_mapping``; a mesh found
-    there with the same layout is reused. So the flattened mesh is built here, over the group
-    realize made, without creating one (private: ``_flatten_mapping``, ``_pg_registry``,
-    ``_dim_group_names``, ``DeviceMesh(_layout=, _rank_map=, _root_mesh=, _init_backend=False)``).
+    torch flattens meshes itself (FSDP2 over ``("dp_shard", "cp")``) and reuses one cached by name in
+    the root's ``_flatten_mapping`` with the same layout: so it is built here, over realize's group.
     """
     flat = _flattened(root, flat_layout(root[names]._layout), "_".join(names), [pg.group_name])
     root._pg_registry[pg.group_name] = pg
@@ -600,12 +578,9 @@ def register_flattened(root: DeviceMesh, names: tuple[str, ...], pg: Any) -> Non
 def rename_flattened(root: DeviceMesh, flattened: Mapping[str, tuple[str, ...]]) -> None:
     """Make ``root``'s flattened meshes exactly ``{name: dims}``, each over the group ``root`` holds already.
 
-    For a framework that flattens under its own names (accelerate: "dp" for
-    ``("dp_replicate", "dp_shard")``, and a single dim too): a name over several dims takes the
-    product :func:`register_flattened` put under the dims joined by "_"; a name over one dim takes
-    that dim's group, with the layout ``_flatten`` would give it (:func:`flat_layout`). The joined
-    names not asked for are dropped, so the cache holds what the framework's own would (private:
-    ``_flatten_mapping``, ``_layout``, ``_dim_group_names``, as :func:`register_flattened`).
+    For a framework's own names (accelerate's "dp", also over one dim): several dims take the product
+    :func:`register_flattened` put under the dims joined by "_", one dim its group with
+    :func:`flat_layout`'s layout; joined names not asked for are dropped.
     """
     made = root._flatten_mapping
     named = {}
@@ -698,19 +673,9 @@ _REGION_TRACE: list[str | None] = []  # the probe's answer, once known
 def region_trace_failure() -> str | None:
     """Why this torch's dynamo cannot trace a ``shard_map`` region (``None`` where it can).
 
-    A feature probe, run once per process on the first compiled region and cached: it compiles a
-    miniature of what a region does while tracing (:func:`_probe_region`) with the ``eager``
-    backend and ``fullgraph=True``, and answers dynamo's error, type and first line, if that
-    fails. Measured: torch 2.11's dynamo cannot take an unknown object as an argument of an
-    ``assume_constant_result`` function (``AsPythonConstantNotImplementedError``), 2.12's cannot
-    test membership in a frozenset a constant holds (an internal ``NotImplementedError`` from
-    making its guard); 2.13 traces both, and a whole region. No attribute or signature of torch
-    tells these apart, and the release number is no feature; so the probe asks dynamo. Called
-    while torch.compile traces (a compile inside a trace, which dynamo allows); it costs nothing
-    at import or on an eager call, and the first compiled region pays one small compile, at most
-    a second or two (0.2-0.4 s measured on 2.11.0, 2.12.1 and 2.13.0). It leaves no trace in
-    what a program reads of dynamo: ``torch._dynamo.utils.counters`` (graphs, graph breaks) and
-    the event stacks of the trace around it are put back as they were.
+    A feature probe, run once per process on the first compiled region, inside its trace, and cached:
+    it compiles a miniature of a region (:func:`_probe_region`) and answers dynamo's error, type and
+    first line. What it finds on 2.11 and 2.12, and what it costs: docs/design.md, "Torch versions".
     """
     if not _REGION_TRACE:
         global _PROBE_PLAN_OF

@@ -1,14 +1,8 @@
 """Converters and checks for user input, shared by every layer (pure: no torch).
 
-Two kinds, named by what they do (docs/design.md, "House rules"):
-
-- ``as_*(api, ...)`` *converts*: it returns the value in its normal form (an ``int``, a tuple
-  of names, an int64 array) or raises;
-- ``check_*(api, ...)`` *checks*: it returns nothing and raises on bad input.
-
-Wrong types raise ``TypeError``, bad values ``MeshError``; every message follows the house
-template of :func:`functional_mesh._errors.requires` and names ``api``, the public call the
-user made.
+``as_*(api, ...)`` converts (returns the normal form or raises), ``check_*(api, ...)`` raises on bad
+input (docs/design.md, "House rules"): ``TypeError`` for a wrong type, ``MeshError`` for a bad value,
+phrased by :func:`functional_mesh._errors.requires` and naming ``api``.
 """
 
 from __future__ import annotations
@@ -159,13 +153,9 @@ def _collect_ints(api: str, values: Iterable[Any], out: list[int]) -> None:  # A
 class Frozen:
     """Base of the library's hand-built values: no assignment or deletion after construction.
 
-    For the values that cannot be attrs classes at no cost (docs/design.md, "House rules", has the
-    figures): ``Layout`` (attrs fields would have to be its constructor's ``shape`` and ``stride``,
-    stored beside its modes on every transformation's hot path), ``DeviceArray`` (a list that is a
-    progression must become a ``DeviceRange``, which its own constructor cannot return),
-    ``MeshShape`` (a view made at each ``mesh.shape``), ``PartitionSpec`` (positional entries, as
-    JAX's) and ``RealizedMesh``. Constructors set slots with ``object.__setattr__``; every other
-    assignment is an ``AttributeError``, as on a frozen attrs class.
+    For the values that cannot be attrs classes at no cost (which, and why: docs/design.md, "House
+    rules"). Constructors set slots with ``object.__setattr__``; every other assignment is an
+    ``AttributeError``, as on a frozen attrs class.
     """
 
     __slots__ = ()

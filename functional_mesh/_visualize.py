@@ -1,25 +1,4 @@
-"""Pictures of meshes and shardings, as plain strings (pure: no torch).
-
-:func:`visualize` draws a mesh's rank grid: the last two axes are the rows and columns of a
-page, and the leading axes (and, for a family such as ``mesh["tp"]``, the group) enumerate
-pages. With ``axis=...`` each rank carries a letter naming its group along that axis, so the
-groups of one axis can be read off the grid. :func:`visualize_sharding` draws which ranks hold
-which block of a tensor, uneven and empty tail blocks included.
-
-Both return strings; ``color=True`` adds ANSI colors (one per group or block), which the
-command line turns on only when it prints to a terminal. Large meshes are elided (first and
-last pages, rows, columns and groups) so a picture stays readable at any world size.
-
-Examples:
-    >>> print(fm.visualize(fm.make_mesh((2, 4), ("dp", "tp")), axis="dp"))
-    Mesh(dp=2, tp=4): 8 devices, letters mark the groups of dp
-          tp=0  tp=1  tp=2  tp=3
-    dp=0  0a    1b    2c    3d
-    dp=1  4a    5b    6c    7d
-    groups of each axis:
-      dp  size 2, 4 groups: a=[0 4] b=[1 5] c=[2 6] d=[3 7]
-      tp  size 4, 2 groups: [0 1 2 3] [4 5 6 7]
-"""
+"""Pictures of meshes and shardings, as plain strings (pure: no torch)."""
 
 from __future__ import annotations
 
@@ -101,8 +80,7 @@ def visualize(mesh: Mesh | ReshardPlan, axis: str | None = None, *, color: bool 
 
     Args:
         mesh: any mesh, including a family (``mesh["tp"]``: one page per group); or a
-            :class:`~functional_mesh.ReshardPlan`, drawn as a table of moves per stage (sender -> receiver,
-            index, bytes; at most ``4 * max_side`` rows per stage) and a summary line.
+            :class:`~functional_mesh.ReshardPlan`, drawn as a table of moves per stage (docs/across_meshes.md).
         axis: an axis whose groups to mark: each rank gets its group's letter (``a``, ``b``,
             ...; the order of ``mesh[axis].groups()``).
         color: add ANSI colors (one per group of ``axis``); for terminals only.
@@ -120,30 +98,16 @@ def visualize(mesh: Mesh | ReshardPlan, axis: str | None = None, *, color: bool 
         TypeError: a ``mesh`` that is not a ``Mesh`` or ``ReshardPlan``, or a ``color`` that is not a bool.
 
     Examples:
-        >>> print(fm.visualize(fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))["cp", "tp"]))
-        Mesh(cp=2, tp=2; 2 groups over devices 0..7): 8 devices
+        >>> print(fm.visualize(fm.make_mesh((2, 2), ("dp", "tp"))["tp"]))
+        Mesh(tp=2; 2 groups over devices 0..3): 4 devices
         group 0
-              tp=0  tp=1
-        cp=0  0     1
-        cp=1  2     3
+          tp=0  tp=1
+          0     1
         group 1
-              tp=0  tp=1
-        cp=0  4     5
-        cp=1  6     7
+          tp=0  tp=1
+          2     3
         groups of each axis:
-          cp  size 2, 4 groups: [0 2] [1 3] [4 6] [5 7]
-          tp  size 2, 4 groups: [0 1] [2 3] [4 5] [6 7]
-        >>> src = fm.NamedSharding(fm.make_mesh((2,), ("tp",)), fm.P("tp"))
-        >>> dst = fm.NamedSharding(fm.make_mesh((2,), ("dp",), devices=range(2, 4)), fm.P())
-        >>> print(fm.visualize(fm.plan_reshard(src, dst, (4,), "float32")))
-        ReshardPlan((4,) x 4 bytes: Mesh(tp=2) P('tp') -> Mesh(dp=2; devices 2..3) P(), 2 stages)
-        stage 0: 2 moves
-          0 -> 2  0:2  8 bytes
-          1 -> 3  2:4  8 bytes
-        stage 1: 2 moves
-          2 -> 3  0:2  8 bytes
-          3 -> 2  2:4  8 bytes
-        bytes_moved 32, max_send_bytes 8, moves 4, stages 2
+          tp  size 2, 2 groups: [0 1] [2 3]
     """
     api = "visualize"
     if isinstance(mesh, ReshardPlan):
@@ -295,21 +259,11 @@ def visualize_sharding(sharding: NamedSharding, global_shape: Sequence[int], *, 
         TypeError: a ``sharding`` that is not a ``NamedSharding``, or a bad shape or ``color``.
 
     Examples:
-        >>> mesh = fm.make_mesh((2, 2, 2), ("dp", "cp", "tp"))
-        >>> print(fm.visualize_sharding(fm.NamedSharding(mesh, fm.P(("dp", "cp"), "tp")), (5, 6)))
-        NamedSharding(Mesh(dp=2, cp=2, tp=2), P(('dp', 'cp'), 'tp')) of shape (5, 6): shard shape (2, 3)
-        dim 0 splits 5 over dp×cp=4 into 2, 1, 1, 1 (uneven)
-        dim 1 splits 6 over tp=2 into 3, 3
-             0:3  3:6
-        0:2  0    1
-        2:3  2    3
-        3:4  4    5
-        4:5  6    7
-        >>> print(fm.visualize_sharding(fm.NamedSharding(mesh, fm.P("tp")), (1,)))
-        NamedSharding(Mesh(dp=2, cp=2, tp=2), P('tp')) of shape (1,): shard shape (1,)
-        dim 0 splits 1 over tp=2 into 1, 0 (uneven)
-          0:1      1:1
-          0 2 4 6  1 3 5 7
+        >>> print(fm.visualize_sharding(fm.NamedSharding(fm.make_mesh((2, 2), ("dp", "tp")), fm.P("tp")), (3,)))
+        NamedSharding(Mesh(dp=2, tp=2), P('tp')) of shape (3,): shard shape (2,)
+        dim 0 splits 3 over tp=2 into 2, 1 (uneven)
+          0:2  2:3
+          0 2  1 3
     """
     api = "visualize_sharding"
     if not isinstance(sharding, NamedSharding):

@@ -1,65 +1,78 @@
 """Varying-axes types of ``shard_map`` regions: the values, the rules, the messages (pure: no torch).
 
-Inside a typed region every tensor carries the mesh axes it *varies* over (JAX's "vma"); over
-the others it is *invariant*, and over some it may be *unreduced* (a pending sum). What the three
-types mean, the one default rule (the union of the operands' axes, with a ``pvary`` cast of an
-invariant operand) and how a pending sum is kept and ended: docs/design.md, "Type rules" and
-"Pending sums". Here are the values and the collectives' rules, pure functions of types that
-return a :class:`Rule`: per operand the axes to cast first, and the result type.
-
-Nothing here runs an op: ``_op_rules.py`` maps torch functions to these rules and
-``_interpret.py`` interprets them. Type errors are :class:`VmaError`, a ``MeshError`` (so a
-``ValueError``): never a ``TypeError``, which torch turns into "unsupported operand type(s)" when
-it is raised inside ``__torch_function__`` of a reflected operator (``2 - x``).
-
-Examples that use ``rm`` run as rank 5 of 8 on torch's fake backend (docs/api.md, "Examples").
+What the types mean, the default rule and pending sums: docs/design.md, "Type rules" and "Pending
+sums". Here are the values and the collectives' rules, pure functions of types that return a
+:class:`Rule`; ``_op_rules`` maps torch functions to them, ``_interpret`` applies them. Type errors
+are :class:`VmaError`, never a ``TypeError`` (docs/design.md, "Errors").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._errors import MeshError
 
 __all__ = ["INVARIANT", "LINEAR_KINDS", "AxisTypes", "CollectiveRule", "Rule", "VmaError", "axis_index_rule",
-           "check_write", "default_rule", "gather_rule", "op_error", "out_specs_error", "pcast_rule", "pmax_rule",
-           "psum_rule", "psum_scatter_rule", "pvary_rule", "random_rule", "set_repr", "spread_rule",
-           "unreduced_collective_error", "unreduced_op_rule", "unreduced_out_specs_error"]
+           "check_write", "default_rule", "gather_rule", "kind_error", "op_error", "out_specs_error", "pcast_rule", "pmax_rule",
+           "psum_rule", "psum_scatter_rule", "pvary_rule", "random_rule", "set_repr", "special_op_rule",
+           "spread_rule", "unreduced_collective_error", "unreduced_op_rule", "unreduced_out_specs_error"]
 
 
 @dataclass(frozen=True, slots=True)
 class AxisTypes:
-    """What :func:`functional_mesh.typeof` returns: the mesh axes a local tensor varies over, and the
-    axes over which it is unreduced (a pending sum); over every other axis it is invariant."""
+    """What :func:`functional_mesh.typeof` returns: the mesh axes a local tensor varies over, the axes
+    over which it is unreduced (a pending reduction of kind ``unreduced_kind``: "sum", "max" or "min"),
+    and those over which it is reduced (invariant, its gradient a pending sum); over every other axis
+    it is invariant."""
 
     varying: frozenset[str]
     unreduced: frozenset[str] = frozenset()
+    reduced: frozenset[str] = frozenset()
+    unreduced_kind: str = "sum"
+    _hash: int = field(init=False, repr=False, compare=False)  # kept: the interpreter's rule cache keys on types
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.varying, self.unreduced, self.reduced, self.unreduced_kind)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __repr__(self) -> str:
+        parts = [f"varying={set_repr(self.varying)}"]
         if self.unreduced:
-            return f"AxisTypes(varying={set_repr(self.varying)}, unreduced={set_repr(self.unreduced)})"
-        return f"AxisTypes(varying={set_repr(self.varying)})"
+            parts.append(f"unreduced={set_repr(self.unreduced)}")
+        if self.reduced:
+            parts.append(f"reduced={set_repr(self.reduced)}")
+        if self.unreduced and self.unreduced_kind != "sum":
+            parts.append(f"unreduced_kind={self.unreduced_kind!r}")
+        return f"AxisTypes({', '.join(parts)})"
 
 
 INVARIANT = AxisTypes(frozenset())  # the type of a tensor the region never typed (made outside it)
 
 
-@dataclass(frozen=True, slots=True)
-class Rule:
+class Rule(NamedTuple):  # a NamedTuple: built on every collective's call in a region, ~6x cheaper than a dataclass
     """The typing of one op: per tensor operand the axes to ``pvary`` first, and the result's type.
 
-    ``unreduced``: the axes the result is a pending sum over. ``sums``: per tensor operand, the
-    axes its gradient is summed over although its type does not change (an operand multiplied
-    into a pending sum: its local gradient is one term of the sum); empty for most ops.
+    ``unreduced``: the axes the result is a pending reduction over, of kind ``kind``. ``sums``: per
+    tensor operand, the axes its gradient is summed over although its type does not change (an
+    operand multiplied into a pending sum: its local gradient is one term of the sum); empty for most
+    ops. ``reduced``: the axes the result is reduced over; ``relabels``: per tensor operand, the
+    reduced axes it is cast to varying over first (no communication either way); ``params``: what a
+    collective's run takes from the types (``pcast`` of a reduced value: ``{"to": "relabel"}``).
     """
 
     casts: tuple[frozenset[str], ...]
     result: frozenset[str]
     unreduced: frozenset[str] = frozenset()
     sums: tuple[frozenset[str], ...] = ()
+    reduced: frozenset[str] = frozenset()
+    kind: str = "sum"
+    relabels: tuple[frozenset[str], ...] = ()
+    params: Mapping[str, Any] | None = None
 
 
 class VmaError(MeshError):
@@ -147,7 +160,7 @@ def random_rule(operands: Sequence[frozenset[str]], mesh_axes: frozenset[str]) -
 # arguments, one pending and the other invariant over those axes (or a number). "div": its first
 # argument pending, its second invariant. "factors": every tensor operand a factor (matmul,
 # einsum, linear without bias): one pending, the others invariant over those axes.
-LINEAR_KINDS = ("unary", "add", "cat", "mul", "div", "factors")
+LINEAR_KINDS = ("unary", "view", "add", "cat", "mul", "div", "factors")  # "view": a unary op that keeps any kind
 
 _PSUM_FIRST = "psum (invariant) or psum_scatter (varying) over {axes} first, e.g. fm.psum(x, {axis!r})"
 
@@ -230,6 +243,97 @@ def unreduced_op_rule(op: str, kind: str, operands: Sequence[tuple[object, froze
     return Rule(_casts([v for _, v, _ in operands], result), result, mine, sums)
 
 
+def _typed(operands: Sequence[tuple[object, AxisTypes]]) -> str:
+    parts = []
+    for shape, t in operands:
+        kind = f"_{t.unreduced_kind}" if t.unreduced and t.unreduced_kind != "sum" else ""
+        text = " ".join(([f"V:{','.join(sorted(t.varying))}"] if t.varying else [])
+                        + ([f"U{kind}:{','.join(sorted(t.unreduced))}"] if t.unreduced else [])
+                        + ([f"R:{','.join(sorted(t.reduced))}"] if t.reduced else []))
+        parts.append(f"{list(shape)}{{{text}}}")  # type: ignore[call-overload]
+    return ", ".join(parts) or "none"
+
+
+def special_op_rule(op: str, kind: str, operands: Sequence[tuple[object, AxisTypes]], roles: Sequence[str],
+                    adds_number: bool = False, extremum: str = "") -> Rule:
+    """The rule of an op with an operand that is unreduced (of any kind) or reduced.
+
+    ``kind``: the op's linearity (:data:`LINEAR_KINDS`, "view" for a view or reshape, "" for
+    nonlinear); ``extremum``: "max" or "min" for a reduction of that kind (``amax``, ``amin``).
+    A pending max or min is kept by views, reshapes and reductions of its kind only; a reduced
+    value by any op whose other value operands are reduced over the same axes or vary there (then
+    it is cast to varying, no communication), and a product with a pending sum over those axes
+    makes a pending sum. Everything else is a ``VmaError`` that names the op and the fix.
+    """
+    types = [t for _, t in operands]
+    where = f"operands: {_typed(operands)}"
+    pending = [t for t in types if t.unreduced]
+    if any(t.unreduced_kind != "sum" for t in pending):
+        return _kind_op_rule(op, kind, operands, roles, extremum, where)
+    reduced = frozenset().union(*(t.reduced for t in types))
+    if pending:
+        rule = unreduced_op_rule(op, "unary" if kind == "view" else kind,
+                                 [(shape, t.varying, t.unreduced) for shape, t in operands], roles, adds_number)
+        if not reduced:
+            return rule
+        kept = reduced - rule.unreduced - rule.result  # reduced axes that stay reduced: every value reduced there
+        _check_reduced_alike(op, kept, types, roles, where)
+        sums, relabels = [], []
+        for t, role, summed in zip(types, roles, rule.sums or [frozenset()] * len(types), strict=True):
+            sums.append(summed - t.reduced if role == "value" else summed)
+            relabels.append(t.reduced & rule.result)
+        return Rule(tuple(c - t.reduced for c, t in zip(rule.casts, types, strict=True)), rule.result,
+                    rule.unreduced, tuple(sums), reduced=kept, relabels=tuple(relabels))
+    varying = frozenset().union(*(t.varying for t in types))
+    _check_reduced_alike(op, reduced - varying, types, roles, where)
+    return Rule(tuple(varying - t.varying - t.reduced for t in types), varying, reduced=reduced - varying,
+                relabels=tuple((varying - t.varying) & t.reduced for t in types))
+
+
+def _check_reduced_alike(op: str, axes: frozenset[str], types: Sequence[AxisTypes], roles: Sequence[str],
+                         where: str) -> None:
+    """Every value operand is reduced over ``axes`` (a result reduced there), none merely invariant (JAX's rule)."""
+    for a in sorted(axes):
+        if any(role == "value" and a not in t.reduced for t, role in zip(types, roles, strict=True)):
+            raise VmaError(f"`{op}` combines a value reduced over {a!r} (invariant, its gradient a pending sum) with "
+                           f"one that is invariant there, whose gradient is no pending sum (implicit communication); "
+                           f"cast it as well (fm.pcast(y, {a!r}, to='reduced')), or cast the reduced one to varying "
+                           f"(fm.pcast(x, {a!r}, to='varying')); {where}")
+
+
+def _kind_op_rule(op: str, kind: str, operands: Sequence[tuple[object, AxisTypes]], roles: Sequence[str],
+                  extremum: str, where: str) -> Rule:
+    """A pending max or min: kept by views, reshapes, ``cat`` and the reductions of its own kind."""
+    types = [t for _, t in operands]
+    pending = [t for t in types if t.unreduced]
+    first = pending[0]
+    if any((t.unreduced, t.unreduced_kind) != (first.unreduced, first.unreduced_kind) for t in pending):
+        raise VmaError(f"`{op}` combines values pending different reductions or over different axes; end each "
+                       f"first ({_ENDS[first.unreduced_kind]}(x, {_name(first.unreduced)})); {where}")
+    k, axes = first.unreduced_kind, first.unreduced
+    values = [t for t, role in zip(types, roles, strict=True) if role == "value"]
+    if extremum and extremum != k:
+        raise VmaError(f"`{op}` is a {extremum} reduction, but got a value unreduced over {tuple(sorted(axes))} of kind "
+                       f"{k!r} (a pending {k}: the {extremum} of the members' terms is no {extremum} of their {k}); "
+                       f"end it with {_ENDS[k]}(x, {_name(axes)}) first; {where}")
+    if extremum or kind == "cat":
+        if any(not t.unreduced for t in values):
+            raise VmaError(f"`{op}` combines a value pending a {k} over {tuple(sorted(axes))} with one that is not; "
+                           f"end it with {_ENDS[k]}(x, {_name(axes)}) first; {where}")
+    elif kind != "view":
+        raise VmaError(f"`{op}` requires a pending sum (unreduced_kind 'sum') or no pending value, but got one unreduced "
+                       f"over {tuple(sorted(axes))} of kind {k!r} (a pending {k}): only views, reshapes and {k} "
+                       f"reductions (torch.a{k}) keep it; end it with {_ENDS[k]}(x, {_name(axes)}) first; {where}")
+    if any(t.unreduced for t, role in zip(types, roles, strict=True) if role == "other"):
+        raise VmaError(f"`{op}` uses a value pending a {k} as an index, shape or mask; end it with "
+                       f"{_ENDS[k]}(x, {_name(axes)}) first; {where}")
+    varying = frozenset().union(*(t.varying for t in types))
+    reduced = frozenset().union(*(t.reduced for t in types)) - varying
+    _check_reduced_alike(op, reduced, types, roles, where)
+    return Rule(tuple(varying - t.varying - t.reduced for t in types), varying, axes, reduced=reduced, kind=k,
+                relabels=tuple((varying - t.varying) & t.reduced for t in types))
+
+
 def _default_over(varying: Sequence[frozenset[str]]) -> frozenset[str]:
     return frozenset().union(*varying)
 
@@ -255,9 +359,41 @@ def unreduced_collective_error(api: str, unreduced: frozenset[str], axes: frozen
                     f"first: {_fix(unreduced)}")
 
 
+def _name(axes: frozenset[str]) -> str:
+    names = tuple(sorted(axes))
+    return repr(names[0]) if len(names) == 1 else repr(names)
+
+
+_ENDS = {"sum": "fm.psum", "max": "fm.pmax", "min": "fm.pmin"}
+
+
+def kind_error(api: str, wanted: str, types: AxisTypes) -> VmaError:
+    """An op or collective that needs a pending reduction of kind ``wanted`` got another kind."""
+    got = types.unreduced_kind
+    return VmaError(f"`{api}` requires a value whose pending reduction is of kind {wanted!r}, but got one unreduced "
+                    f"over {tuple(sorted(types.unreduced))} of kind {got!r} (a pending {got}); end it with "
+                    f"{_ENDS[got]}(x, {_name(types.unreduced)}) first")
+
+
+def _refuse_reduced(api: str, types: AxisTypes, axes: frozenset[str]) -> None:
+    """A collective over an axis the value is reduced over (JAX: "cannot accept args which are reduced")."""
+    both = types.reduced & axes
+    if both:
+        raise VmaError(f"`{api}` over {tuple(sorted(axes))} requires a value that is not reduced over these axes, but "
+                       f"got one reduced over {sorted(both)} (invariant, its gradient a pending sum); cast it with "
+                       f"fm.pcast(x, {_name(both)}, to='varying') first")
+
+
 def _refuse_pending(api: str, types: AxisTypes, axes: frozenset[str]) -> None:
     if types.unreduced:
         raise unreduced_collective_error(api, types.unreduced, axes)
+    _refuse_reduced(api, types, axes)
+
+
+def _check_sum_kind(api: str, types: AxisTypes) -> None:
+    """A value pending a max or a min passes no collective but the one that ends it (JAX's rule)."""
+    if types.unreduced and types.unreduced_kind != "sum":
+        raise kind_error(api, "sum", types)
 
 
 def _check_not_mixed(api: str, operand: frozenset[str], axes: frozenset[str]) -> None:
@@ -283,39 +419,57 @@ def _check_one_state(api: str, varying: frozenset[str], unreduced: frozenset[str
     _check_not_mixed(api, varying | pending, axes)
 
 
+def _ends(api: str, kind: str, types: AxisTypes, axes: frozenset[str], scatter: bool = False) -> Rule:
+    """``psum`` (kind sum), ``pmax``/``pmin`` (max/min) over ``axes``: invariant over them (varying with
+    ``scatter``); a pending reduction of ``kind`` over the axes ends there."""
+    varying, unreduced = types.varying, types.unreduced
+    if unreduced & axes and types.unreduced_kind != kind:
+        raise kind_error(api, kind, types)
+    if kind == "sum":
+        _check_sum_kind(api, types)
+    _refuse_reduced(api, types, axes)
+    _check_one_state(api, varying, unreduced, axes)
+    done = varying | (unreduced & axes)
+    left = unreduced - axes
+    return Rule((axes - done,), varying | axes if scatter else varying - axes, left, reduced=types.reduced,
+                kind=types.unreduced_kind if left else "sum")
+
+
 def psum_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mapping[str, Any] = _NO_PARAMS) -> Rule:
     """``psum``/``pmean`` over ``axes``: invariant over them; an invariant operand is cast first (``n * x``).
 
     A pending sum over the axes ends there (invariant); over other axes it stays pending. Over a
     tuple the axes must be in one state (all varying, all unreduced or all invariant): an operand
-    that varies over some of them and not the others is a ``VmaError``, as in JAX.
+    that varies over some of them and not the others is a ``VmaError``, as in JAX. A pending max or
+    min, or a value reduced over the axes, is refused.
     """
-    varying, unreduced = types.varying, types.unreduced
-    _check_one_state(api, varying, unreduced, axes)
-    reduced = varying | (unreduced & axes)
-    return Rule((axes - reduced,), varying - axes, unreduced - axes)
+    return _ends(api, "sum", types, axes)
 
 
 def pmax_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mapping[str, Any] = _NO_PARAMS) -> Rule:
-    """``pmax``/``pmin``: typed as ``psum`` (invariant over ``axes``), but a pending sum is refused: the
-    largest of the members' terms is not the largest value of their sum."""
-    if types.unreduced:
+    """``pmax``/``pmin``: typed as ``psum`` (invariant over ``axes``); a pending max (``pmax``) or min
+    (``pmin``) over the axes ends there, and any other pending value is refused: the largest of the
+    members' terms is not the largest value of their sum."""
+    kind = api[1:]  # "max" or "min"
+    if types.unreduced and types.unreduced_kind == "sum":
         names = tuple(sorted(types.unreduced))
         raise VmaError(f"`{api}` over {tuple(sorted(axes))} requires a value that is not unreduced (valid: varying or "
                        f"invariant over every axis), but got one unreduced over {names} (a pending sum: `{api}` "
-                       f"would compare the members' terms, which is no {api[1:]} of their sum); reduce first: "
+                       f"would compare the members' terms, which is no {kind} of their sum); reduce first: "
                        f"{_fix(types.unreduced)}, then `{api}`")
-    return psum_rule(api, types, axes)
+    if types.unreduced and not types.unreduced & axes:
+        raise VmaError(f"`{api}` over {tuple(sorted(axes))} requires a value pending a {kind} over these axes or not "
+                       f"pending at all, but got one unreduced over {tuple(sorted(types.unreduced))} (kind "
+                       f"{types.unreduced_kind!r}); end it with {_ENDS[types.unreduced_kind]}(x, "
+                       f"{_name(types.unreduced)}) first")
+    return _ends(api, kind, types, axes)
 
 
 def psum_scatter_rule(api: str, types: AxisTypes, axes: frozenset[str],
                       params: Mapping[str, Any] = _NO_PARAMS) -> Rule:
     """``psum_scatter`` over ``axes``: each member's block of the sum, varying over them; a pending sum
     over the axes ends there; mixed operands are an error (one state over a tuple, as :func:`psum_rule`)."""
-    varying, unreduced = types.varying, types.unreduced
-    _check_one_state(api, varying, unreduced, axes)
-    reduced = varying | (unreduced & axes)
-    return Rule((axes - reduced,), varying | axes, unreduced - axes)
+    return _ends(api, "sum", types, axes, scatter=True)
 
 
 def pvary_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mapping[str, Any] = _NO_PARAMS) -> Rule:
@@ -326,12 +480,14 @@ def pvary_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mapping
     varying, unreduced = types.varying, types.unreduced
     if unreduced & axes:
         raise unreduced_collective_error(api, unreduced & axes, axes)
+    _check_sum_kind(api, types)
+    _refuse_reduced(api, types, axes)
     already = varying & axes
     if already:
         raise VmaError(
             f"`{api}` requires a value invariant over the axes it casts to varying, but got a value that "
             f"already varies over {sorted(already)} (its axes: {set_repr(varying)}); drop those axes from the call")
-    return Rule((frozenset(),), varying | axes, unreduced)
+    return Rule((frozenset(),), varying | axes, unreduced, reduced=types.reduced, kind=types.unreduced_kind)
 
 
 def _unreduced_cast_rule(api: str, types: AxisTypes, axes: frozenset[str]) -> Rule:
@@ -341,6 +497,7 @@ def _unreduced_cast_rule(api: str, types: AxisTypes, axes: frozenset[str]) -> Ru
     the members' would be ``n`` times it.
     """
     varying, unreduced = types.varying, types.unreduced
+    _check_sum_kind(api, types)
     already = axes & unreduced
     if already:
         raise VmaError(f"`{api}` requires a value varying over the axes it casts to unreduced, but got one already "
@@ -351,14 +508,47 @@ def _unreduced_cast_rule(api: str, types: AxisTypes, axes: frozenset[str]) -> Ru
                        f"over {sorted(invariant)}: every member holds the whole value, so the sum of the members' "
                        f"would be n times it (n: the size of {tuple(sorted(invariant))}); cast it to varying first (fm.pcast(x, {tuple(sorted(invariant))!r}, to='varying')) "
                        f"if that sum is meant, or divide by fm.axis_size first")
-    return Rule((frozenset(),), varying - axes, unreduced | axes)
+    return Rule((frozenset(),), varying - axes, unreduced | axes, reduced=types.reduced)
+
+
+def _reduced_cast_rule(api: str, types: AxisTypes, axes: frozenset[str]) -> Rule:
+    """``pcast(x, axes, to="reduced")``: a value invariant over ``axes`` becomes reduced over them (JAX's
+    ``preduced``): the same value, whose gradient is a pending sum there; backward sums it (``psum``)."""
+    bad = [(what, axes & got) for what, got in (("varies", types.varying), ("is unreduced", types.unreduced),
+                                                ("is already reduced", types.reduced)) if axes & got]
+    if bad:
+        what, where = bad[0]
+        fix = ("drop those axes from the call" if what == "is already reduced" else
+               f"make it invariant first ({_fix(where)})" if what == "is unreduced" else
+               "make it invariant first (fm.psum, or fm.all_gather(x, axis, to='invariant'))")
+        raise VmaError(f"`{api}` requires a value invariant over the axes it casts to reduced, but got one that {what} "
+                       f"over {sorted(where)}; {fix}")
+    _check_sum_kind(api, types)
+    return Rule((frozenset(),), types.varying, types.unreduced, reduced=types.reduced | axes,
+                kind=types.unreduced_kind)
 
 
 def pcast_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mapping[str, Any]) -> Rule:
-    """``pcast(x, axes, to=...)``: ``to="varying"`` as :func:`pvary_rule`; ``to="unreduced"``: a pending
-    sum over ``axes`` of a value varying over them."""
-    if params["to"] == "varying":
+    """``pcast(x, axes, to=...)``: ``to="varying"`` as :func:`pvary_rule` (of a value reduced over all of
+    ``axes``: a relabel, no communication either way); ``to="unreduced"``: a pending sum over ``axes`` of
+    a value varying over them; ``to="reduced"``: :func:`_reduced_cast_rule`."""
+    to = params["to"]
+    if to == "varying":
+        if axes & types.reduced:
+            if axes - types.reduced:
+                raise VmaError(f"`{api}` over {tuple(sorted(axes))} requires a value in one state over these axes, but "
+                               f"got one reduced over {sorted(axes & types.reduced)} and not over "
+                               f"{sorted(axes - types.reduced)}; cast over each group of axes apart")
+            _check_sum_kind(api, types)
+            return Rule((frozenset(),), types.varying | axes, types.unreduced, reduced=types.reduced - axes,
+                        kind=types.unreduced_kind, params={"to": "relabel"})
         return pvary_rule(api, types, axes)
+    if to == "reduced":
+        return _reduced_cast_rule(api, types, axes)
+    if types.reduced & axes:
+        raise VmaError(f"`{api}` requires a value varying over the axes it casts to unreduced, but got one reduced over "
+                       f"{sorted(types.reduced & axes)}; cast it to varying first (fm.pcast(x, "
+                       f"{_name(types.reduced & axes)}, to='varying'))")
     return _unreduced_cast_rule(api, types, axes)
 
 
@@ -368,7 +558,7 @@ def spread_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mappin
     An operand invariant over some of ``axes`` is cast first, as JAX does; a pending sum is refused.
     """
     _refuse_pending(api, types, axes)
-    return Rule((axes - types.varying,), types.varying | axes)
+    return Rule((axes - types.varying,), types.varying | axes, reduced=types.reduced)
 
 
 def gather_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mapping[str, Any]) -> Rule:
@@ -381,7 +571,8 @@ def gather_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mappin
     """
     _refuse_pending(api, types, axes)
     varying = types.varying
-    return Rule((axes - varying,), varying - axes if params["to"] == "invariant" else varying | axes)
+    return Rule((axes - varying,), varying - axes if params["to"] == "invariant" else varying | axes,
+                reduced=types.reduced)
 
 
 def axis_index_rule(api: str, types: AxisTypes, axes: frozenset[str], params: Mapping[str, Any] = _NO_PARAMS

@@ -53,6 +53,7 @@ CASES = [
     ("ddp_axis.py", [], ["ddp over dp matches the single-process run to 1e-05"]),
     ("pipeline_ring.py", [], ["pipeline ring matches the single-process composition to 1e-05"]),
     ("shard_map_mlp.py", [], ["losses and final weights match a single process to 1e-05 on every rank"]),
+    ("ep_in_fsdp_tp.py", [], ["loss and every gradient match a single process to 1e-05 on every rank"]),
     ("rl_disjoint.py", [], ["realized members-only; generator's copy equals the trainer's weights"]),
     ("refit.py", [], ["ranks 4-7: 30 tensors (23 bf16, 7 fp32), 621568 bytes between ranks in 3 stages: bit for bit",
                       "on ranks 0-7: 30 tensors (23 bf16, 7 fp32), 548352 bytes between ranks in 4 stages: bit for bit"]),

@@ -629,7 +629,7 @@ def f(dm, x, call, home):
 
 MODULE_LINES = 800  # no module of the package over this (split it by job first)
 BENCH_SCRIPT_LINES = 250  # each benchmarks/bench_*.py
-BENCH_HELPER_LINES = 420  # benchmarks/_harness.py and _report.py together (the budget ~400; 418 today)
+BENCH_HELPER_LINES = 400  # benchmarks/_harness.py and _report.py together (issue 34: ~400; 400 today)
 
 
 def _lines(path: pathlib.Path) -> int:

@@ -1,41 +1,9 @@
 """accelerate's ``ParallelismConfig`` meshes over functional_mesh (accelerate 1.15.0).
 
-accelerate 1.15 builds its mesh in ``ParallelismConfig.build_device_mesh``: torch's
-``init_device_mesh`` over the dims whose size is above 1, in the order dp_replicate, dp_shard,
-cp, sp, tp, then three flattened dims through torch's private ``_flatten``: "dp" (dp_replicate,
-dp_shard), "dp_shard_cp" (dp_shard, cp) and "dp_cp" (dp_replicate, dp_shard, cp), each over the
-dims of its tuple that are enabled, even a single one. ``init_device_mesh`` makes every dim's
-groups, and each ``_flatten`` makes groups again, also where an equal rank set has one already
-(a flattened dim of one enabled dim is that dim's groups a second time).
-
-:func:`build_device_mesh` returns the same torch ``DeviceMesh`` -- the same dims, the same
-flattened dims under the same names, the same groups and coordinates -- from one
-:func:`functional_mesh.realize` call: each dim is an axis, each flattened dim of two or more dims
-a realized product, and each distinct rank set gets one group (a flattened dim of one dim is that
-dim's group; a whole-world dim reuses the default group). The torch mesh is the realized mesh's
-``device_mesh``; its flattened dims are renamed to accelerate's names by
-``functional_mesh._torch.rename_flattened``, which reads torch's private ``DeviceMesh`` fields as
-the package's other bridges do (checked on torch 2.11.0, 2.12.1 and 2.13.0).
-
-accelerate's ``Accelerator`` asks ``parallelism_config.get_device_mesh(...)``, which returns
-``parallelism_config.device_mesh`` when it is set, so the one-line hook is :func:`adopt`, before
-the ``Accelerator`` is made::
-
-    from functional_mesh.integrations import accelerate as fm_accelerate
-
-    config = fm_accelerate.adopt(ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, tp_size=2))
-    accelerator = Accelerator(parallelism_config=config, ...)
-
-:func:`mesh_plan` is pure (no torch, no accelerate): which mesh value and which flattened dims
-accelerate's config stands for::
-
-    >>> plan = mesh_plan(dp_replicate=2, dp_shard=2, tp=2)
-    >>> plan.mesh
-    Mesh(dp_replicate=2, dp_shard=2, tp=2)
-    >>> plan.flattened
-    {'dp': ('dp_replicate', 'dp_shard'), 'dp_shard_cp': ('dp_shard',), 'dp_cp': ('dp_replicate', 'dp_shard')}
-    >>> plan.products
-    (('dp_replicate', 'dp_shard'),)
+:func:`build_device_mesh` returns the torch ``DeviceMesh`` accelerate's ``build_device_mesh`` makes
+(the same dims, flattened dims, groups and coordinates) from one :func:`functional_mesh.realize`, one
+group per distinct rank set; :func:`adopt` sets it on the config before the ``Accelerator`` is made;
+:func:`mesh_plan` is the pure part. What accelerate builds and what we build: docs/accelerate.md.
 """
 
 from __future__ import annotations
@@ -199,10 +167,8 @@ def build_device_mesh(parallelism_config: Any, device_type: str | None = None, *
 def adopt(parallelism_config: Any, device_type: str | None = None, **realize_options: Any) -> Any:
     """Give ``parallelism_config`` our mesh, so that ``Accelerator`` uses it; returns the config.
 
-    ``Accelerator`` reads ``parallelism_config.get_device_mesh(...)``, which returns
-    ``parallelism_config.device_mesh`` when set. Call it before making the ``Accelerator``, on
-    every rank (it realizes the mesh: a collective call). ``device_type=None`` is the device
-    accelerate would pick: "cuda" when CUDA is available, else "cpu".
+    On every rank, before the ``Accelerator`` is made (docs/accelerate.md, "Using it"); a collective
+    call. ``device_type=None``: "cuda" when CUDA is available, else "cpu", as accelerate picks.
     """
     if getattr(parallelism_config, "device_mesh", None) is not None:
         raise MeshError(f"`{_API}.adopt` requires a ParallelismConfig whose mesh was not built yet (it holds "

@@ -1,43 +1,11 @@
 """torchtitan's ``ParallelDims`` over one functional_mesh family (torchtitan 0.3.0).
 
-torchtitan 0.3 builds its meshes in ``ParallelDims.build_mesh``: a 1-D world ``DeviceMesh``,
-unflattened (torch's private ``_unflatten``) once per *view* -- "dataloading" (pp, batch, cp, tp),
-"dense" (its axes depend on ``spmd_backend``), "sparse" (pp, dp_replicate, efsdp, ep) -- plus
-"loss", a ``_flatten`` of dataloading's (batch, cp). Every unflatten makes fresh process groups
-for every axis, fake-backend ones for the axes torchtitan never talks over, so the same rank sets
-get groups again and again: for HSDP 2 x 2 x TP 2 on 8 ranks, 66 ``new_group`` calls per rank
-under "partial_dtensor" for 14 distinct real groups.
-
-Here every view is a pure :class:`~functional_mesh.Mesh` derived from one world mesh
-(:func:`mesh_family`), realized through the group cache, so each distinct group is made once and
-the axes torchtitan keeps on its fake backend are left out (``realize(..., axes=)``) where this
-functional_mesh can build a torch mesh without them. The views' torch meshes
-(``rm.device_mesh`` and torch slices of it, which create no group) go into torchtitan's
-``ParallelDims`` through the smallest override there is, since ``ParallelDims`` has no hook for
-its meshes: a subclass whose ``build_mesh`` fills the attributes torchtitan's own fills, then runs
-torchtitan's own checks (``_validate_meshes``) and SPMD-mesh choice (``get_activated_mesh``).
-torchtitan's public hook for *which* ``ParallelDims`` a run uses is ``Trainer.init_distributed``::
-
-    from functional_mesh.integrations import torchtitan as fm_titan
-
-    class Trainer(torchtitan.trainer.Trainer):
-        def init_distributed(self):
-            return fm_titan.adopt(super().init_distributed())
-
-or, without the trainer, ``fm_titan.parallel_dims(world_size=8, dp_replicate=2, dp_shard=2,
-tp=2, spmd_backend="full_dtensor")``. torchtitan is imported only when one of these runs, and
-only a version listed in :data:`TESTED_VERSIONS` is accepted (``MeshError`` otherwise).
-
-:func:`mesh_family` is pure (no torch, no torchtitan): it says which mesh value stands for each
-view and which of its axes get groups::
-
-    >>> family = mesh_family(world_size=8, dp_replicate=2, dp_shard=2, tp=2, spmd_backend="partial_dtensor")
-    >>> for name, view in family.views.items():
-    ...     print(f"{name:<12} {view.mesh}  groups for {view.real}")
-    dataloading  Mesh(pp=1, batch=4, cp=1, tp=2)  groups for ('batch', 'tp')
-    loss         Mesh(loss_mesh=4; 2 groups over devices 0..7)  groups for ('loss_mesh',)
-    dense        Mesh(pp=1, dp_replicate=2, fsdp=2, tp=2)  groups for ('dp_replicate', 'fsdp', 'tp')
-    sparse       Mesh(pp=1, dp_replicate=2, efsdp=4, ep=1)  groups for ('dp_replicate',)
+Every torchtitan view is a pure :class:`~functional_mesh.Mesh` derived from one world mesh
+(:func:`mesh_family`), realized through the group cache, so each distinct group is made once;
+:func:`adopt` (in ``Trainer.init_distributed``) or :func:`parallel_dims` hands torchtitan their torch
+meshes through a ``ParallelDims`` subclass whose ``build_mesh`` alone is ours. Which value is which
+view, the override and what it saves: docs/torchtitan.md. torchtitan is imported only when one of
+these runs, and only a version in :data:`TESTED_VERSIONS` is accepted.
 """
 
 from __future__ import annotations
@@ -72,11 +40,8 @@ class View:
         mesh: the mesh value, with torchtitan's axis names in torchtitan's order.
         real: the axes that get process groups: those torchtitan backs with a real backend
             (``ParallelDims._mesh_exist``); the others it keeps on its fake backend.
-        products: products of axes realized with the view and handed to torch's flatten cache
-            of its ``DeviceMesh``: the ones torch flattens by name itself (FSDP2 over ``dp_shard``
-            x ``cp``), and those whose layout is a flattened mesh of torchtitan's world root
-            ("loss_mesh"), where DTensor finds one group for a reduction over several dims. They
-            are groups of other views (cache hits), never new ones.
+        products: products realized with the view for torch's flatten cache (FSDP2's ``dp_shard`` x
+            ``cp``, "loss_mesh"): groups of other views, never new ones (docs/torchtitan.md).
     """
 
     mesh: Mesh
@@ -152,12 +117,6 @@ def mesh_family(*, world_size: int, dp_replicate: int = 1, dp_shard: int = -1, c
         >>> family = mesh_family(world_size=8, dp_replicate=2, dp_shard=2, tp=2, spmd_backend="full_dtensor")
         >>> family.views["dense"].mesh, family.views["dense"].real
         (Mesh(pp=1, dp_replicate=2, dp_shard=2, cp=1, tp=2), ('dp_replicate', 'dp_shard', 'tp'))
-        >>> mesh_family(world_size=8, dp_shard=2, cp=2, tp=2, spmd_backend="full_dtensor").views["dense"].products
-        (('dp_shard', 'cp'),)
-        >>> mesh_family(world_size=8, dp_shard=3, tp=2)
-        Traceback (most recent call last):
-        ...
-        functional_mesh.MeshError: `functional_mesh.integrations.torchtitan.mesh_family` requires degrees whose product is world_size=8, but got pp=1 * dp_replicate=1 * dp_shard=3 * cp=1 * tp=2 = 6
     """
     api = f"{_API}.mesh_family"
     world_size = _degree(api, "world_size", world_size)
@@ -259,12 +218,9 @@ def _parallel_dims_class() -> type:
     class FmParallelDims(ParallelDims):
         """torchtitan's ``ParallelDims`` whose meshes are one functional_mesh family.
 
-        Everything but ``build_mesh`` is torchtitan's. ``realize_options`` are passed to every
-        ``fm.realize`` (``device_type``, ``backend``, ``timeout``, ``check``); after the meshes are
-        built, ``realized`` holds the ``RealizedMesh`` of each view ("world", "dataloading",
-        "loss", "dense", "sparse", and "fwdbwd" under "spmd_types"), for collectives by axis name
-        over the very groups torchtitan uses; ``extra_axes`` names, per view, the axes torchtitan
-        keeps on its fake backend that got groups anyway (see :func:`_realize_view`).
+        Everything but ``build_mesh`` is torchtitan's (:func:`parallel_dims`). Once built, ``realized``
+        holds each view's ``RealizedMesh``, and ``extra_axes`` per view the fake-backend axes that got
+        groups anyway (:func:`_realize_view`).
         """
 
         realize_options: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)

@@ -215,7 +215,7 @@ def test_the_boundary_dtensors_reshard_and_errors(w4):
             "prefix"][1]
         assert res["pure mesh"][0] == "TypeError" and "call fm.realize(mesh)" in res["pure mesh"][1]
         assert res["spec type"][0] == "TypeError" and "PartitionSpec leaves in in_specs" in res["spec type"][1]
-        assert res["nested"][0] == "MeshError" and "nested regions are not supported" in res["nested"][1]
+        assert res["nested"][0] == "MeshError" and "regions nest over disjoint axis sets" in res["nested"][1]
         assert res["decorator, current mesh, non-tensor argument"] is True
         assert res["no mesh"][0] == "MeshError" and "`shard_map` requires mesh=<RealizedMesh>" in res["no mesh"][1]
 

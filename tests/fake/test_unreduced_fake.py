@@ -81,8 +81,9 @@ def test_named_sharding_placements_and_replication():
 def test_sharding_of_describes_a_partial_dtensor_and_refuses_other_reductions(rm):
     x = DTensor.from_local(torch.ones(2, 3), rm.device_mesh, [Shard(1), Partial("sum")])
     assert fm.sharding_of(x) == fm.NamedSharding(MESH, P(None, "dp", unreduced={"tp"}))
-    with pytest.raises(fm.MeshError, match=r"`sharding_of` requires Shard, Replicate or Partial\('sum'\) placements"):
-        fm.sharding_of(DTensor.from_local(torch.ones(2), rm.device_mesh, [Replicate(), Partial("max")]))
+    with pytest.raises(fm.MeshError, match=r"`sharding_of` requires Shard, Replicate or Partial\('sum' \| 'max' \| "
+                                           r"'min'\) placements .* but got placement=Partial\(avg\)"):
+        fm.sharding_of(DTensor.from_local(torch.ones(2), rm.device_mesh, [Replicate(), Partial("avg")]))
     with pytest.raises(fm.MeshError, match=r"`distribute` requires a sharding without unreduced axes"):
         fm.distribute(torch.ones(4), fm.NamedSharding(MESH, P(unreduced={"tp"})), mesh=rm)
 

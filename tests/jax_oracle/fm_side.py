@@ -27,6 +27,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from torch.distributed.tensor import DTensor, Replicate
+
 import functional_mesh as fm
 from tests.dist._settings import CHECK_S, GROUP_TIMEOUT
 from tests.jax_oracle import programs
@@ -183,6 +185,66 @@ def nondivisible_tuple(x):
     return x
 
 
+@body
+def partial_row_parallel_matmul(x, w):
+    return fm.psum(x @ w, "y")
+
+
+@body
+def partial_mlp(x, w1, b1, w2, b2):
+    h = torch.relu(x @ w1 + b1)
+    return fm.psum(h @ w2, "y") + b2
+
+
+@body
+def partial_axis_index(x):
+    return x * (fm.axis_index("y") + 1) * fm.axis_size("y")
+
+
+@body
+def partial_gather_permute(x):
+    return fm.all_gather(x, "y", dim=0, tiled=True, to="invariant"), fm.ppermute(torch.sin(x), "y", ring(4))
+
+
+@body
+def partial_out_specs_varying(x):
+    return x * 2.0
+
+
+@body
+def partial_psum_over_auto_axis(x):
+    return fm.psum(x, "x")
+
+
+@body
+def partial_in_spec_auto_axis(x):
+    return x
+
+
+@body
+def partial_out_spec_auto_axis(x):
+    return x
+
+
+@body
+def nested_disjoint(x):
+    # mesh=None inside a region: the enclosing region's mesh (JAX: the context mesh)
+    inner = fm.shard_map(lambda z: (fm.psum(z, "x"), fm.psum(z * z, "y")), in_specs=fm.P("x"),
+                         out_specs=(fm.P(), fm.P("x")), axis_names={"x"})
+    a, b = inner(x)
+    return a * 2.0, b
+
+
+@body
+def nested_inner_out_specs_varying(x):
+    return fm.shard_map(lambda z: z * 2.0, in_specs=fm.P("x"), out_specs=fm.P(), axis_names={"x"})(x)
+
+
+@body
+def nested_same_axis(x):
+    return fm.shard_map(lambda z: z, in_specs=fm.P("y"), out_specs=fm.P("y"), axis_names={"y"})(x)
+
+
 def generated_body(program: Program) -> Callable[..., Any]:
     """The chain of ``program.steps`` (the same interpreter as ``jax_side.generated_body``)."""
 
@@ -231,7 +293,8 @@ def execute(program: Program, fn: Callable[..., Any], rank: int | None = None) -
                               "error": None}
     try:
         out = fm.shard_map(fn, in_specs=programs.in_tree(program, fm.P),
-                           out_specs=programs.out_tree(program, fm.P), mesh=rm)(*args)
+                           out_specs=programs.out_tree(program, fm.P), mesh=rm,
+                           axis_names=set(program.axis_names) or None)(*args)
     except fm.MeshError as e:
         result["error"] = (type(e).__name__, str(e), [k.__name__ for k in type(e).__mro__])
         return result
@@ -239,6 +302,9 @@ def execute(program: Program, fn: Callable[..., Any], rank: int | None = None) -
     for o, spec in zip(outs, program.out_specs):
         want = fm.NamedSharding(rm.mesh, fm.P(*spec)).placements
         got = tuple(getattr(o, "placements", ()))
+        if program.axis_names:  # manual over some axes: the others are placed as the body's DTensors were
+            manual = [i for i, a in enumerate(program.axes) if a in program.axis_names]
+            want, got = tuple(want[i] for i in manual), tuple(got[i] for i in manual) if got else got
         result["placements"].append((type(o).__name__, repr(got), repr(tuple(want)), got == tuple(want)))
     fulls = [o.full_tensor() for o in outs]
     result["outputs"] = [f.detach().numpy().copy() for f in fulls]
@@ -285,7 +351,7 @@ assert not _missing, f"programs without an fm body: {_missing}"
 
 UR_BODIES: dict[str, Callable[..., Any]] = {}
 UR_REFERENCES: dict[str, Callable[..., list[torch.Tensor]]] = {}
-UR_TYPES: dict[str, tuple[list[str], list[str]]] = {}
+UR_TYPES: dict[str, tuple[list[str], list[str], list[str]]] = {}
 
 
 def ur_body(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -304,7 +370,7 @@ def ur_reference(fn: Callable[..., list[torch.Tensor]]) -> Callable[..., list[to
 def note(key: str, value: torch.Tensor) -> torch.Tensor:
     """Record ``fm.typeof(value)`` under ``key``; return ``value``."""
     t = fm.typeof(value)
-    UR_TYPES[key] = (sorted(t.varying), sorted(t.unreduced))
+    UR_TYPES[key] = (sorted(t.varying), sorted(t.unreduced), sorted(t.reduced))
     return value
 
 
@@ -622,13 +688,236 @@ def ur_out_varying(x):
     return x
 
 
+def _reduced(x: torch.Tensor, axis: Any = "tp") -> torch.Tensor:
+    return fm.pcast(x, axis, to="reduced")
+
+
+@ur_body
+def rd_pcast_reduced(x, w):
+    u, r = _pend(x), note("r", _reduced(w))
+    return fm.psum(note("u * r", u * r), "tp"), fm.psum(r * u, "tp")
+
+
+@ur_reference
+def one_process_rd_pcast_reduced(x, w):
+    return [tp_sum(x) * w, w * tp_sum(x)]
+
+
+@ur_body
+def rd_ops_of_reduced(x, w):
+    r = _reduced(w)
+    t = note("sin r", torch.sin(r))
+    rr = note("r * r", r * r)
+    note("sum", rr.sum())  # (JAX drops reduced where a reduced scalar is broadcast: the sum is not used)
+    return fm.psum(_pend(x) * (t * rr), "tp")
+
+
+@ur_reference
+def one_process_rd_ops_of_reduced(x, w):
+    return [tp_sum(x) * (torch.sin(w) * (w * w))]
+
+
+@ur_body
+def rd_in_specs(x, w):
+    note("w", w)
+    return note("y", torch.tanh(x @ w))
+
+
+@ur_reference
+def one_process_rd_in_specs(x, w):
+    return [torch.tanh(x @ w)]
+
+
+@ur_body
+def rd_out_specs(w):
+    return _reduced(w)
+
+
+@ur_reference
+def one_process_rd_out_specs(w):
+    return [w * 1]
+
+
+@ur_body
+def rd_relabel(x, w):
+    return note("x * r", x * _reduced(w))
+
+
+@ur_reference
+def one_process_rd_relabel(x, w):
+    return [x * torch.cat([w] * 4)]
+
+
+@ur_body
+def rd_relabel_and_pvary(x, w):
+    return x * _reduced(w)
+
+
+@ur_reference
+def one_process_rd_relabel_and_pvary(x, w):
+    return [x * torch.cat([w] * 4)]
+
+
+@ur_body
+def rd_times_number(x, w):
+    return fm.psum(_pend(x) * (2.0 * _reduced(w) + 1.0), "tp")
+
+
+@ur_reference
+def one_process_rd_times_number(x, w):
+    return [tp_sum(x) * (2.0 * w + 1.0)]
+
+
+@ur_body
+def rd_matmul(x, w):
+    return fm.psum(_pend(x) @ _reduced(w), "tp")
+
+
+@ur_reference
+def one_process_rd_matmul(x, w):
+    return [tp_sum(x) @ w]
+
+
+@ur_body
+def rd_tanh(x, w):
+    return fm.psum(_pend(x) * torch.tanh(_reduced(w)), "tp")
+
+
+@ur_reference
+def one_process_rd_tanh(x, w):
+    return [tp_sum(x) * torch.tanh(w)]
+
+
+@ur_body
+def rd_div(x, s):
+    return fm.psum(_pend(x) / _reduced(s), "tp")
+
+
+@ur_reference
+def one_process_rd_div(x, s):
+    return [tp_sum(x) / s]
+
+
+@ur_body
+def rd_plus_invariant(w):
+    return _reduced(w) + w
+
+
+@ur_body
+def rd_psum(w):
+    return fm.psum(_reduced(w), "tp")
+
+
+@ur_body
+def rd_all_gather(w):
+    return fm.all_gather(_reduced(w), "tp", dim=0, tiled=True)
+
+
+@ur_body
+def rd_pcast_varying(x):
+    return _reduced(x)
+
+
+@ur_body
+def rd_pcast_twice(w):
+    return _reduced(_reduced(w))
+
+
+@ur_body
+def rd_out_mismatch(w):
+    return w
+
+
+@ur_body
+def rd_out_unnamed(w):
+    return _reduced(w)
+
+
+@ur_body
+def mx_pmax(m):
+    note("m", m)
+    return fm.pmax(m, "tp"), fm.pmax(note("amax", torch.amax(m, 1)), "tp"), fm.pmax(m.T, "tp")
+
+
+@ur_reference
+def one_process_mx_pmax(m):
+    value = m.amax(0)  # the members' max
+    return [value, value.amax(1), value.T]
+
+
+@ur_body
+def mn_pmin(m):
+    return fm.pmin(m.reshape(-1), "tp"), fm.pmin(torch.cat([m, m]), "tp")
+
+
+@ur_reference
+def one_process_mn_pmin(m):
+    value = m.amin(0)
+    return [per_dp(value, lambda b: b.reshape(-1)), per_dp(value, lambda b: torch.cat([b, b]))]
+
+
+@ur_body
+def mx_out(m):
+    return m.T
+
+
+@ur_reference
+def one_process_mx_out(m):
+    return [m.amax(0).T]
+
+
+@ur_body
+def mx_psum(m):
+    return fm.psum(m, "tp")
+
+
+@ur_body
+def mx_pmin(m):
+    return fm.pmin(m, "tp")
+
+
+@ur_body
+def mx_add(m):
+    return fm.pmax(m + m, "tp")
+
+
+@ur_body
+def mx_scale(m):
+    return fm.pmax(m * 2.0, "tp")
+
+
+@ur_body
+def mx_sum(m):
+    return fm.pmax(m.sum(1), "tp")
+
+
+@ur_body
+def mx_amin(m):
+    return fm.pmax(m.amin(1), "tp")
+
+
 def _members_to_pending(rm: Any, program: programs.UnreducedProgram, i: int, members: torch.Tensor) -> Any:
     """Input ``i`` given as its stacked members: a DTensor with ``Partial("sum")`` on its pending axes,
-    made by a first region that takes member ``k`` on index ``k`` of those axes and pcasts it."""
-    pending, spec = program.pending_in(i), program.in_specs[i]
+    made by a first region that takes member ``k`` on index ``k`` of those axes and pcasts it. A pending
+    max (min): the same first region untyped, trusting an out_spec of that kind (a ``Partial("max")``)."""
+    pending, spec, kind = program.pending_in(i), program.in_specs[i], program.kind_in(i)
     axis = programs.axis_entry(pending)
+    if kind != "sum":  # no pcast makes a pending max: an untyped region's out_specs are trusted
+        return fm.shard_map(lambda m: m[0], mesh=rm, in_specs=(fm.P(axis, *spec),), check_vma=False,
+                            out_specs=fm.P(*spec, unreduced=set(pending), unreduced_kind=kind))(members)
     return fm.shard_map(lambda m: fm.pcast(m[0], axis, to="unreduced"), mesh=rm,
                         in_specs=(fm.P(axis, *spec),), out_specs=fm.P(*spec, unreduced=set(pending)))(members)
+
+
+def _enter(rm: Any, program: programs.UnreducedProgram, i: int, a: torch.Tensor) -> Any:
+    """Input ``i`` as the region takes it: pending (:func:`_members_to_pending`), reduced (a Replicate
+    DTensor of the full value, whose gradient DTensor's own backward sums), or the full tensor."""
+    if program.pending_in(i):
+        return _members_to_pending(rm, program, i, a)
+    if program.reduced_in(i):
+        assert not any(program.in_specs[i]), "a reduced input of the oracle is replicated otherwise"
+        return DTensor.from_local(a, rm.device_mesh, [Replicate()] * rm.mesh.ndim)
+    return a
 
 
 def execute_unreduced(program: programs.UnreducedProgram, rank: int | None = None) -> dict[str, Any]:
@@ -641,12 +930,10 @@ def execute_unreduced(program: programs.UnreducedProgram, rank: int | None = Non
     result: dict[str, Any] = {"rank": dist.get_rank(), "outputs": [], "grads": [], "placements": [],
                               "shardings": [], "types": {}, "error": None}
     UR_TYPES.clear()
-    entered = [_members_to_pending(rm, program, i, a) if program.pending_in(i) else a for i, a in enumerate(args)]
+    entered = [_enter(rm, program, i, a) for i, a in enumerate(args)]
+    in_specs, out_specs = programs.spec_trees(program, fm.P, lambda kind: kind)
     try:
-        out = fm.shard_map(UR_BODIES[program.name], mesh=rm,
-                           in_specs=programs.unreduced_tree(program.in_specs, program.pending_in, fm.P, bare=False),
-                           out_specs=programs.unreduced_tree(program.out_specs, program.pending_out, fm.P,
-                                                             bare=True))(*entered)
+        out = fm.shard_map(UR_BODIES[program.name], mesh=rm, in_specs=in_specs, out_specs=out_specs)(*entered)
     except fm.MeshError as e:
         result["error"] = (type(e).__name__, str(e), [k.__name__ for k in type(e).__mro__])
         return result
@@ -654,14 +941,17 @@ def execute_unreduced(program: programs.UnreducedProgram, rank: int | None = Non
     outs = list(out) if isinstance(out, tuple) else [out]
     for i, o in enumerate(outs):
         spec = program.out_specs[i]
-        want = fm.NamedSharding(rm.mesh, fm.P(*spec, unreduced=set(program.pending_out(i))))
+        kind = program.kind_out(i) if program.pending_out(i) else None
+        want = fm.NamedSharding(rm.mesh, fm.P(*spec, unreduced=set(program.pending_out(i)), unreduced_kind=kind,
+                                              reduced=set(program.reduced_out(i))))
         got = tuple(getattr(o, "placements", ()))
         result["placements"].append((type(o).__name__, repr(got), repr(want.placements), got == want.placements))
         described = fm.sharding_of(o) if type(o).__name__ == "DTensor" else None
         trimmed = list(spec)  # sharding_of writes no trailing None, and specs compare as written
         while trimmed and trimmed[-1] is None:
             trimmed.pop()
-        said = fm.NamedSharding(rm.mesh, fm.P(*trimmed, unreduced=set(program.pending_out(i))))
+        # (a DTensor has no reduced: a reduced result is Replicate there, and sharding_of says no reduced=)
+        said = fm.NamedSharding(rm.mesh, fm.P(*trimmed, unreduced=set(program.pending_out(i)), unreduced_kind=kind))
         result["shardings"].append((repr(described), repr(said), described == said))
     fulls = [o.full_tensor() for o in outs]
     result["outputs"] = [f.detach().numpy().copy() for f in fulls]
@@ -684,6 +974,8 @@ def one_process_unreduced(name: str) -> dict[str, Any]:
     program = programs.UNREDUCED_BY_NAME[name]
     args = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in program.inputs()]
     fulls = UR_REFERENCES[name](*args)
+    if not program.grad:
+        return {"outputs": [f.detach().numpy().copy() for f in fulls], "grads": []}
     cots = [torch.tensor(program.cotangent(i, f.shape)) for i, f in enumerate(fulls)]
     sum((f * c).sum() for f, c in zip(fulls, cots)).backward()
     return {"outputs": [f.detach().numpy().copy() for f in fulls],

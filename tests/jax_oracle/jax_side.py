@@ -191,6 +191,71 @@ def nondivisible_tuple(x):
     return x
 
 
+@body
+def partial_row_parallel_matmul(x, w):
+    return lax.psum(x @ w, "y")
+
+
+@body
+def partial_mlp(x, w1, b1, w2, b2):
+    h = jax.nn.relu(x @ w1 + b1)
+    return lax.psum(h @ w2, "y") + b2
+
+
+@body
+def partial_axis_index(x):
+    return x * (lax.axis_index("y") + 1) * lax.axis_size("y")
+
+
+@body
+def partial_gather_permute(x):
+    return lax.all_gather(x, "y", axis=0, tiled=True, to="invarying"), lax.ppermute(jnp.sin(x), "y", ring(4))
+
+
+@body
+def partial_out_specs_varying(x):
+    return x * 2.0
+
+
+@body
+def partial_psum_over_auto_axis(x):
+    return lax.psum(x, "x")
+
+
+@body
+def partial_in_spec_auto_axis(x):
+    return x
+
+
+@body
+def partial_out_spec_auto_axis(x):
+    return x
+
+
+@body
+def nested_disjoint(x):
+    from jax.sharding import PartitionSpec as P
+
+    inner = jax.shard_map(lambda z: (lax.psum(z, "x"), lax.psum(z * z, "y")), in_specs=P("x"),
+                          out_specs=(P(), P("x")), axis_names={"x"})
+    a, b = inner(x)
+    return a * 2.0, b
+
+
+@body
+def nested_inner_out_specs_varying(x):
+    from jax.sharding import PartitionSpec as P
+
+    return jax.shard_map(lambda z: z * 2.0, in_specs=P("x"), out_specs=P(), axis_names={"x"})(x)
+
+
+@body
+def nested_same_axis(x):
+    from jax.sharding import PartitionSpec as P
+
+    return jax.shard_map(lambda z: z, in_specs=P("y"), out_specs=P("y"), axis_names={"y"})(x)
+
+
 def generated_body(program: Program) -> Callable[..., Any]:
     """The chain of ``program.steps`` (the same interpreter as ``fm_side.generated_body``)."""
 
@@ -236,8 +301,11 @@ def failure_kind(message: str) -> str:
         return programs.DIVISIBILITY
     if ("require replication which can't be statically inferred" in message
             or "can only accept axis_name which corresponds to" in message
-            or "Unsupported pcast" in message):
+            or "Unsupported pcast" in message
+            or "Found an unbound axis name" in message):  # a collective over an axis that is not manual
         return programs.VMA
+    if "argument must refer to an axis marked as manual" in message:
+        return programs.SPEC
     return "other"
 
 
@@ -247,7 +315,8 @@ def run_program(program: Program) -> tuple[list[np.ndarray], list[np.ndarray], d
     mesh = jax.make_mesh(program.sizes, program.axes, axis_types=(AxisType.Auto,) * len(program.axes))
     fn = generated_body(program) if program.generated else BODIES[program.name]
     f = jax.shard_map(fn, mesh=mesh, in_specs=programs.in_tree(program, PartitionSpec),
-                      out_specs=programs.out_tree(program, PartitionSpec), check_vma=True)
+                      out_specs=programs.out_tree(program, PartitionSpec), check_vma=True,
+                      axis_names=frozenset(program.axis_names))
     args = [jnp.asarray(a) for a in program.inputs()]
 
     def as_list(out: Any) -> list[Any]:
@@ -359,12 +428,15 @@ def note(key: str, value: Any) -> Any:
     import re
 
     text = str(jax.typeof(value))
-    found: dict[str, set[str]] = {"V": set(), "U": set()}
+    found: dict[str, set[str]] = {"V": set(), "U": set()}  # (R: reduced, read below)
     braces = re.search(r"\{([^{}]*)\}$", text)
     for kind, group, name in re.findall(r"([VUR]):(?:\(([^)]*)\)|(\w+))", braces.group(1) if braces else ""):
         if kind in found:
             found[kind].update(n.strip() for n in (group.split(",") if group else [name]))
-    UR_TYPES[key] = (sorted(found["V"]), sorted(found["U"]))
+    found["R"] = set()
+    for kind, group, name in re.findall(r"(R):(?:\(([^)]*)\)|(\w+))", braces.group(1) if braces else ""):
+        found["R"].update(n.strip() for n in (group.split(",") if group else [name]))
+    UR_TYPES[key] = (sorted(found["V"]), sorted(found["U"]), sorted(found["R"]))
     return value
 
 
@@ -606,29 +678,179 @@ def ur_out_varying(x):
     return x
 
 
+@ur_body
+def rd_pcast_reduced(x, w):
+    u, r = _pend(x), note("r", _reduced(w))
+    return lax.psum(note("u * r", u * r), "tp"), lax.psum(r * u, "tp")
+
+
+@ur_body
+def rd_ops_of_reduced(x, w):
+    r = _reduced(w)
+    t = note("sin r", jnp.sin(r))
+    rr = note("r * r", r * r)
+    note("sum", rr.sum())  # (JAX drops reduced where a reduced scalar is broadcast: the sum is not used)
+    return lax.psum(_pend(x) * (t * rr), "tp")
+
+
+@ur_body
+def rd_in_specs(x, w):
+    note("w", w)
+    return note("y", jnp.tanh(x @ w))
+
+
+@ur_body
+def rd_out_specs(w):
+    return _reduced(w)
+
+
+@ur_body
+def rd_relabel(x, w):
+    return note("x * r", x * _reduced(w))
+
+
+@ur_body
+def rd_relabel_and_pvary(x, w):
+    return x * _reduced(w)
+
+
+@ur_body
+def rd_times_number(x, w):
+    return lax.psum(_pend(x) * (2.0 * _reduced(w) + 1.0), "tp")
+
+
+@ur_body
+def rd_matmul(x, w):
+    return lax.psum(_pend(x) @ _reduced(w), "tp")
+
+
+@ur_body
+def rd_tanh(x, w):
+    return lax.psum(_pend(x) * jnp.tanh(_reduced(w)), "tp")
+
+
+@ur_body
+def rd_div(x, s):
+    return lax.psum(_pend(x) / _reduced(s), "tp")
+
+
+@ur_body
+def rd_plus_invariant(w):
+    return _reduced(w) + w
+
+
+@ur_body
+def rd_psum(w):
+    return lax.psum(_reduced(w), "tp")
+
+
+@ur_body
+def rd_all_gather(w):
+    return lax.all_gather(_reduced(w), "tp", axis=0, tiled=True)
+
+
+@ur_body
+def rd_pcast_varying(x):
+    return _reduced(x)
+
+
+@ur_body
+def rd_pcast_twice(w):
+    return _reduced(_reduced(w))
+
+
+@ur_body
+def rd_out_mismatch(w):
+    return w
+
+
+@ur_body
+def rd_out_unnamed(w):
+    return _reduced(w)
+
+
+@ur_body
+def mx_pmax(m):
+    note("m", m)
+    return lax.pmax(m, "tp"), lax.pmax(note("amax", jnp.max(m, axis=1)), "tp"), lax.pmax(m.T, "tp")
+
+
+@ur_body
+def mn_pmin(m):
+    return lax.pmin(m.reshape(-1), "tp"), lax.pmin(jnp.concatenate([m, m]), "tp")
+
+
+@ur_body
+def mx_out(m):
+    return m.T
+
+
+@ur_body
+def mx_psum(m):
+    return lax.psum(m, "tp")
+
+
+@ur_body
+def mx_pmin(m):
+    return lax.pmin(m, "tp")
+
+
+@ur_body
+def mx_add(m):
+    return lax.pmax(m + m, "tp")
+
+
+@ur_body
+def mx_scale(m):
+    return lax.pmax(m * 2.0, "tp")
+
+
+@ur_body
+def mx_sum(m):
+    return lax.pmax(m.sum(1), "tp")
+
+
+@ur_body
+def mx_amin(m):
+    return lax.pmax(jnp.min(m, axis=1), "tp")
+
+
 def run_unreduced_program(program: programs.UnreducedProgram
                           ) -> tuple[list[np.ndarray], list[np.ndarray], dict[str, Any]]:
     """One program of ``programs.UNREDUCED`` on an Explicit mesh: its global results and gradients, or its error."""
     from jax.sharding import AxisType, PartitionSpec, reshard
 
     mesh = jax.make_mesh(program.sizes, program.axes, axis_types=(AxisType.Explicit,) * len(program.axes))
-    main_map = jax.shard_map(
-        UR_BODIES[program.name], mesh=mesh,
-        in_specs=programs.unreduced_tree(program.in_specs, program.pending_in, PartitionSpec, bare=False),
-        out_specs=programs.unreduced_tree(program.out_specs, program.pending_out, PartitionSpec, bare=True),
-        check_vma=True)
+
+    def kind_of(name: str) -> Any:
+        from jax.sharding import UnreducedKind  # JAX 0.12 (0.10.2 has none: its programs record the error)
+
+        return getattr(UnreducedKind, name)
 
     def enter(i: int, a: Any) -> Any:
-        pending = program.pending_in(i)
+        pending, reduced = program.pending_in(i), program.reduced_in(i)
+        if reduced:
+            return reshard(a, PartitionSpec(*program.in_specs[i], reduced=set(reduced)))
         if not pending:
             return reshard(a, PartitionSpec(*program.in_specs[i]))
         members = PartitionSpec(programs.axis_entry(pending), *program.in_specs[i])
+        if program.kind_in(i) != "sum":  # the members' max (min) left pending: a reduce to an out_sharding of it
+            from jax.sharding import NamedSharding
+
+            kind = kind_of(program.kind_in(i))
+            prim = lax.reduce_max_p if program.kind_in(i) == "max" else lax.reduce_min_p
+            out = NamedSharding(mesh.abstract_mesh, PartitionSpec(*program.in_specs[i], unreduced=set(pending),
+                                                                  unreduced_kind=kind))
+            return prim.bind(reshard(a, members), axes=(0,), out_sharding=out)
         make = jax.shard_map(lambda m: lax.pcast(m[0], programs.axis_entry(pending), to="unreduced"), mesh=mesh,
                              in_specs=members, out_specs=PartitionSpec(*program.in_specs[i], unreduced=set(pending)),
                              check_vma=True)
         return make(reshard(a, members))
 
     def whole(*args: Any) -> list[Any]:
+        in_specs, out_specs = programs.spec_trees(program, PartitionSpec, kind_of)
+        main_map = jax.shard_map(UR_BODIES[program.name], mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                                 check_vma=True)
         out = main_map(*(enter(i, a) for i, a in enumerate(args)))
         outs = list(out) if isinstance(out, tuple) else [out]
         # every result replicated (reduced first where it is pending), so the cotangents need no sharding
@@ -642,8 +864,11 @@ def run_unreduced_program(program: programs.UnreducedProgram
             cots = [jnp.asarray(program.cotangent(i, s)) for i, s in enumerate(shapes)]
 
             def forward_and_grads(*a: Any) -> tuple[list[Any], list[Any]]:
+                if not program.jax_grad or not program.grad:  # a pending max has no gradient in JAX
+                    return whole(*a), []
                 outs, vjp = jax.vjp(whole, *a)
-                return outs, list(vjp(cots))
+                # a reduced argument's cotangent is unreduced: reduced here (replicated ones are unchanged)
+                return outs, [reshard(g, PartitionSpec()) for g in vjp(cots)]
 
             outs, grads = jax.jit(forward_and_grads)(*args)
             outs, grads = [np.asarray(o) for o in outs], [np.asarray(g) for g in grads]

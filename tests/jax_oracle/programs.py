@@ -41,7 +41,8 @@ TOLERANCE = 1e-5  # absolute and relative, on outputs and gradients (float64 on 
 # failure kinds
 VMA = "vma"  # a type error: an op's check or the out_specs check (ours: VmaError)
 DIVISIBILITY = "divisibility"  # an argument's dim not divisible by its spec's axis sizes (ours: MeshError)
-KINDS = (VMA, DIVISIBILITY)
+SPEC = "spec"  # a spec naming an axis the region is not manual over (axis_names=; ours: MeshError)
+KINDS = (VMA, DIVISIBILITY, SPEC)
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class Program:
     message: tuple[str, ...] = ()  # regexes that our error message must each match
     steps: tuple[tuple[Any, ...], ...] = ()  # generated programs only: the chain of pieces
     generated: bool = False
+    axis_names: tuple[str, ...] = ()  # the region is manual over these axes only (() = every axis)
 
     def __post_init__(self) -> None:
         assert len(self.axes) == len(self.sizes) and int(np.prod(self.sizes)) == 8, self.name
@@ -224,6 +226,45 @@ HAND_WRITTEN: list[Program] = [
 ]
 
 
+# -- regions manual over some axes (axis_names=) and nested ones: JAX 0.12's shard_map(..., axis_names=) --------
+#
+# Inside, JAX's values are global over the other axes; ours are DTensors there (replicated: the inputs are
+# full tensors). Nested programs: an outer region manual over 'y', an inner one manual over 'x' (the inner
+# region's collectives may name both).
+
+HAND_WRITTEN += [
+    _p("partial_row_parallel_matmul", XY24, [(6, 8), (8, 5)], [(None, "y"), ("y", None)], [()],
+       "manual over 'y' only: x @ w row-parallel, psum over 'y'", axis_names=("y",)),
+    _p("partial_mlp", XY24, [(4, 6), (6, 8), (8,), (8, 6), (6,)],
+       [(), (None, "y"), ("y",), ("y", None), ()], [()],
+       "manual over 'y' only: relu(x @ w1 + b1) @ w2 (column/row over 'y'), psum, + b2", axis_names=("y",)),
+    _p("partial_axis_index", XY24, [(8, 6)], [("y", None)], [("y",)],
+       "manual over 'y' only: x * (axis_index('y') + 1) * axis_size('y')", axis_names=("y",)),
+    _p("partial_gather_permute", XY24, [(8, 4)], [("y", None)], [(), ("y",)],
+       "manual over 'y' only: all_gather to='invariant' and a ppermute ring over 'y'", axis_names=("y",)),
+    _p("partial_out_specs_varying", XY24, [(8,)], [("y",)], [()],
+       "manual over 'y' only: a value varying over 'y' returned under P()", fails=VMA, message=OUT_P_Y,
+       axis_names=("y",)),
+    _p("partial_psum_over_auto_axis", XY24, [(8,)], [("y",)], [("y",)],
+       "manual over 'y' only: psum over 'x', an axis the region is not manual over", fails=VMA,
+       message=(r"psum", r"'x'", r"not manual"), axis_names=("y",)),
+    _p("partial_in_spec_auto_axis", XY24, [(8, 4)], [("x", None)], [("x", None)],
+       "manual over 'y' only: an in_spec that names 'x'", fails=SPEC,
+       message=(r"in_specs", r"'x'", r"not manual", r"axis_names"), axis_names=("y",)),
+    _p("partial_out_spec_auto_axis", XY24, [(8,)], [("y",)], [("x",)],
+       "manual over 'y' only: an out_spec that names 'x'", fails=SPEC,
+       message=(r"out_specs", r"'x'", r"not manual"), axis_names=("y",)),
+    _p("nested_disjoint", XY24, [(16, 4)], [("y", None)], [("y", None), ("y", None)],
+       "outer manual over 'y', inner over 'x': psum over 'x' and over 'y' (the outer axis) inside the inner "
+       "region, inner out_specs P() and P('x')", axis_names=("y",)),
+    _p("nested_inner_out_specs_varying", XY24, [(16, 4)], [("y", None)], [("y", None)],
+       "outer manual over 'y', inner over 'x': a value varying over 'x' returned by the inner region under P()",
+       fails=VMA, message=(r"out_spec", r"'x'", r"P\(\)"), axis_names=("y",)),
+    _p("nested_same_axis", XY24, [(8, 4)], [("y", None)], [("y", None)],
+       "outer and inner both manual over 'y'", fails=SPEC, message=(r"disjoint", r"'y'"), axis_names=("y",)),
+]
+
+
 # -- generated programs ------------------------------------------------------------------------------
 
 GEN_AXES: list[Any] = ["x", "y", ("x", "y"), ("y", "x")]
@@ -344,7 +385,13 @@ class UnreducedProgram(Program):
     jax_refuses: str = ""  # JAX 0.12.0.1: "" it runs it, else a regex its message matches
     jax_0_10: str | None = None  # JAX 0.10.2's answer, the same way, where it differs (None: the same)
     one_process: bool = False  # also (or, where JAX refuses, only) compared with one process
-    types: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = ()  # (noted value, varying, unreduced)
+    # (noted value, varying, unreduced[, reduced]): a missing reduced is none
+    types: tuple[tuple[Any, ...], ...] = ()
+    in_reduced: tuple[tuple[str, ...], ...] = ()  # per input: the axes its in_spec is reduced over
+    out_reduced: tuple[tuple[str, ...], ...] = ()  # per result
+    in_kind: tuple[str, ...] = ()  # per input: its unreduced_kind ("" or "sum": a pending sum)
+    out_kind: tuple[str, ...] = ()  # per result
+    jax_grad: bool = True  # False: JAX has no gradient of the program (a pending max/min); one process has
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -367,6 +414,22 @@ class UnreducedProgram(Program):
     def pending_out(self, i: int) -> tuple[str, ...]:
         return self.out_unreduced[i] if i < len(self.out_unreduced) else ()
 
+    def reduced_in(self, i: int) -> tuple[str, ...]:
+        return self.in_reduced[i] if i < len(self.in_reduced) else ()
+
+    def reduced_out(self, i: int) -> tuple[str, ...]:
+        return self.out_reduced[i] if i < len(self.out_reduced) else ()
+
+    def kind_in(self, i: int) -> str:
+        return (self.in_kind[i] if i < len(self.in_kind) else "") or "sum"
+
+    def kind_out(self, i: int) -> str:
+        return (self.out_kind[i] if i < len(self.out_kind) else "") or "sum"
+
+    def noted(self) -> dict[str, tuple[list[str], list[str], list[str]]]:
+        """The noted types as ``{key: (varying, unreduced, reduced)}``."""
+        return {t[0]: (list(t[1]), list(t[2]), list(t[3]) if len(t) > 3 else []) for t in self.types}
+
     def oracle(self, version: str) -> str:
         """Which answer our run is held to under JAX ``version``: "jax", "one process", "jax and one
         process", "both refuse", or (under 0.10.2 only) "we refuse, JAX 0.10.2 runs it"."""
@@ -383,10 +446,32 @@ def axis_entry(axes: Sequence[str]) -> Entry:
 
 
 def unreduced_tree(specs: Sequence[Spec], pending: Callable[[int], tuple[str, ...]], make: Callable[..., Any],
-                   bare: bool) -> Any:
-    """Specs with their unreduced sets, for either library (``make``: its ``PartitionSpec``)."""
-    out = [make(*spec, unreduced=set(pending(i))) if pending(i) else make(*spec) for i, spec in enumerate(specs)]
+                   bare: bool, reduced: Callable[[int], tuple[str, ...]] = lambda i: (),
+                   kind: Callable[[int], Any] = lambda i: None) -> Any:
+    """Specs with their unreduced (of ``kind``, where not None) and reduced sets, for either library
+    (``make``: its ``PartitionSpec``)."""
+    out = []
+    for i, spec in enumerate(specs):
+        extra: dict[str, Any] = {}
+        if pending(i):
+            extra["unreduced"] = set(pending(i))
+            if kind(i) is not None:
+                extra["unreduced_kind"] = kind(i)
+        if reduced(i):
+            extra["reduced"] = set(reduced(i))
+        out.append(make(*spec, **extra))
     return out[0] if bare and len(out) == 1 else tuple(out)
+
+
+def spec_trees(program: UnreducedProgram, make: Callable[..., Any], kind: Callable[[str], Any]) -> tuple[Any, Any]:
+    """``(in_specs, out_specs)`` of ``program`` for either library; ``kind`` maps "max" to its kind value
+    (None: the default sum, which needs no keyword)."""
+    def kinds(of: Callable[[int], str]) -> Callable[[int], Any]:
+        return lambda i: None if of(i) == "sum" else kind(of(i))
+    return (unreduced_tree(program.in_specs, program.pending_in, make, False, program.reduced_in,
+                           kinds(program.kind_in)),
+            unreduced_tree(program.out_specs, program.pending_out, make, True, program.reduced_out,
+                           kinds(program.kind_out)))
 
 
 def _u(name: str, shapes, in_specs, out_specs, about: str, **kw: Any) -> UnreducedProgram:
@@ -540,6 +625,114 @@ UNREDUCED: list[UnreducedProgram] = [
        "want the explicit pcast; JAX 0.10.2 cast it implicitly", out_unreduced=(("tp",),),
        jax_refuses=JAX12_OUT_UNREDUCED, jax_0_10="", fails=VMA,
        message=(r"out_spec", r"pending sum over \('tp',\)", r"fm\.pcast\(x, 'tp', to='unreduced'\)")),
+]
+
+# -- JAX 0.12's reduced and pending max/min (JAX 0.10.2 has neither: under the fallback, one process) --------
+#
+# ``rd_*``: reduced values (pcast to="reduced", P(reduced=)); ``mx_*``/``mn_*``: pending max/min, entering as
+# their members (JAX: a reduce_max to an out_sharding of that kind; ours: a DTensor Partial("max")), ended by
+# pmax/pmin. JAX has no gradient of a pending max (``jax_grad=False``): gradients against one process.
+
+JAX10_NO_REDUCED = r"reduced|UnreducedKind|unreduced_kind"  # JAX 0.10.2: neither the keyword nor the kinds
+JAX12_REPLICATED = r"Inputs cannot be replicated on the same axes that another input is reduced on"
+JAX12_REDUCED_ARG = r"cannot accept args which are reduced"
+JAX12_WANTS_SUM = r"Expected unreduced_kind=UnreducedKind\.sum but got UnreducedKind\.max"
+R_TP = ((), (), ("tp",))  # varying, unreduced, reduced: reduced over tp
+
+
+def _r(name: str, shapes, in_specs, out_specs, about: str, **kw: Any) -> UnreducedProgram:
+    kw.setdefault("jax_0_10", JAX10_NO_REDUCED)
+    kw.setdefault("one_process", not kw.get("fails"))
+    return _u(name, shapes, in_specs, out_specs, about, **kw)
+
+
+def _mx(name: str, about: str, out_specs, kind: str = "max", **kw: Any) -> UnreducedProgram:
+    """A program of one argument pending a ``kind`` over 'tp': 4 members (8, 6), its value split over dp."""
+    kw.setdefault("jax_grad", False)
+    return _r(name, [(4, 8, 6)], [("dp", None)], out_specs, about, in_unreduced=(("tp",),), in_kind=(kind,), **kw)
+
+
+UNREDUCED += [
+    # JAX runs these: values, gradients and types equal JAX's (and one process)
+    _r("rd_pcast_reduced", X816 + [(4,)], DPTP + [()], [("dp", None), ("dp", None)],
+       "a pending sum times pcast(w, 'tp', to='reduced') on either side, psum'd; w's gradient is summed by the "
+       "cast's backward", types=(("r", *R_TP), ("u * r", *VDP_UTP))),
+    _r("rd_ops_of_reduced", X816 + [(4,)], DPTP + [()], [("dp", None)],
+       "sin, a product and a sum of reduced values stay reduced; the product times a pending sum, psum'd (JAX "
+       "cannot differentiate tanh of a reduced value: its JVP multiplies by a replicated constant)",
+       types=(("sin r", *R_TP), ("r * r", *R_TP), ("sum", *R_TP))),
+    _r("rd_in_specs", [(8, 4), (4, 3)], [("dp", None), (None, None)], [("dp", None)],
+       "a weight entering P(reduced={'dp'}) (ours: a Replicate DTensor), tanh(x @ w); its gradient leaves "
+       "unreduced over dp (ours: Partial('sum'))", in_reduced=((), ("dp",)),
+       types=(("w", (), (), ("dp",)), ("y", ("dp",), ()))),
+    _r("rd_out_specs", [(4,)], [()], [()], "pcast(w, 'tp', to='reduced') returned under P(reduced={'tp'})",
+       out_reduced=(("tp",),)),
+    _r("rd_relabel", [(8, 16), (4,)], [(None, "tp"), ()], [(None, "tp")],
+       "x * r with x varying over tp and r reduced over tp: r is cast to varying (JAX's reduced_vary_cast)",
+       types=(("x * r", ("tp",), ()),)),
+    # JAX refuses these and we allow them: values and gradients equal one process
+    _r("rd_relabel_and_pvary", X816 + [(4,)], DPTP + [()], [("dp", "tp")],
+       "x * r with x varying over dp and tp, r reduced over tp only: ours relabels tp and pvarys dp (JAX "
+       "pvarys both and refuses)", jax_refuses=JAX12_REDUCED_ARG),
+    _r("rd_times_number", X816 + [(4,)], DPTP + [()], [("dp", None)],
+       "a pending sum times (2 * r + 1) with r reduced (JAX refuses a number beside a reduced value)",
+       jax_refuses=JAX12_REPLICATED),
+    _r("rd_matmul", X816 + [(4, 3)], DPTP + [()], [("dp", None)],
+       "a pending sum @ a reduced weight, psum'd (JAX refuses dot_general of an unreduced operand)",
+       jax_refuses=JAX_DOT_GENERAL),
+    _r("rd_tanh", X816 + [(4,)], DPTP + [()], [("dp", None)],
+       "a pending sum times tanh(r), psum'd, with its gradient (tanh's derivative multiplies by a replicated "
+       "constant, which JAX refuses beside a reduced value)", jax_refuses=JAX12_REPLICATED),
+    _r("rd_div", X816 + [()], DPTP + [()], [("dp", None)],
+       "a pending sum divided by a reduced scalar, psum'd (JAX runs the forward, not the gradient)",
+       jax_refuses=r"RHS should be reduced along the same axes LHS is unreduced on"),
+    # both refuse
+    _r("rd_plus_invariant", [(4,)], [()], [()], "a reduced value plus an invariant one",
+       jax_refuses=JAX12_REPLICATED, fails=VMA,
+       message=(r"`Tensor\.add` combines a value reduced over 'tp'", r"fm\.pcast\(y, 'tp', to='reduced'\)")),
+    _r("rd_psum", [(4,)], [()], [()], "psum over 'tp' of a value reduced over 'tp'",
+       jax_refuses=JAX12_REDUCED_ARG, fails=VMA,
+       message=(r"`psum` over \('tp',\) requires a value that is not reduced", r"to='varying'")),
+    _r("rd_all_gather", [(4,)], [()], [()], "all_gather over 'tp' of a value reduced over 'tp'",
+       jax_refuses=JAX12_REDUCED_ARG, fails=VMA, message=(r"`all_gather` over \('tp',\) requires a value that is "
+                                                          r"not reduced",)),
+    _r("rd_pcast_varying", X816, DPTP, [("dp", "tp")], "pcast(x, 'tp', to='reduced') of a varying x",
+       jax_refuses=r"Unsupported pcast from=varying, to='reduced'", fails=VMA,
+       message=(r"`pcast` requires a value invariant over the axes it casts to reduced", r"varies over \['tp'\]")),
+    _r("rd_pcast_twice", [(4,)], [()], [()], "pcast to='reduced' of a reduced value", out_reduced=(("tp",),),
+       jax_refuses=r"Unsupported pcast from=reduced, to='reduced'", fails=VMA,
+       message=(r"is already reduced over \['tp'\]",)),
+    _r("rd_out_mismatch", [(4,)], [()], [()], "an invariant value under P(reduced={'tp'})", out_reduced=(("tp",),),
+       jax_refuses=r"should be equal to the reduced present on the out_aval", fails=VMA,
+       message=(r"reduced over \[\], but its out_spec P\(reduced=\{'tp'\}\)", r"to='reduced'")),
+    _r("rd_out_unnamed", [(4,)], [()], [()], "a reduced value under P() (no reduced=)",
+       jax_refuses=r"require replication which can't be statically inferred", fails=VMA,
+       message=(r"reduced over \['tp'\], but its out_spec P\(\) says reduced over \[\]",)),
+    # pending max and min: JAX runs the forward (values, types), one process the gradients
+    _mx("mx_pmax", "pmax over 'tp' of a pending max, of its amax over dim 1 and of its transpose",
+        [("dp", None), ("dp",), (None, "dp")], types=(("m", ("dp",), ("tp",)), ("amax", ("dp",), ("tp",)))),
+    _mx("mn_pmin", "pmin over 'tp' of a pending min, of a reshape and a cat of it", [("dp",), ("dp", None)],
+        kind="min"),
+    _mx("mx_out", "a pending max returned under its out_spec (ours: a Partial('max') DTensor); no gradient (JAX "
+        "has none; ours: DTensor's, each member the whole cotangent)", [(None, "dp")], out_unreduced=(("tp",),),
+        out_kind=("max",), grad=False),
+    # both refuse
+    _mx("mx_psum", "psum over 'tp' of a pending max", [("dp", None)], fails=VMA,
+        jax_refuses=r"unreduced_psum cannot accept args with unreduced_kind=UnreducedKind\.max",
+        message=(r"`psum` requires a value whose pending reduction is of kind 'sum'", r"kind 'max'",
+                 r"fm\.pmax\(x, 'tp'\)")),
+    _mx("mx_pmin", "pmin over 'tp' of a pending max", [("dp", None)], fails=VMA,
+        jax_refuses=r"unreduced_pmin cannot accept args with unreduced_kind=UnreducedKind\.max",
+        message=(r"`pmin` requires a value whose pending reduction is of kind 'min'", r"kind 'max'")),
+    _mx("mx_add", "a pending max plus itself", [("dp", None)], fails=VMA, jax_refuses=JAX12_WANTS_SUM,
+        message=(r"`Tensor\.add` requires a pending sum", r"kind 'max'", r"fm\.pmax\(x, 'tp'\)")),
+    _mx("mx_scale", "a pending max times 2", [("dp", None)], fails=VMA, jax_refuses=JAX12_WANTS_SUM,
+        message=(r"`Tensor\.mul` requires a pending sum",)),
+    _mx("mx_sum", "the sum of a pending max", [("dp",)], fails=VMA, jax_refuses=JAX12_WANTS_SUM,
+        message=(r"`Tensor\.sum` requires a pending sum",)),
+    _mx("mx_amin", "amin of a pending max", [("dp",)], fails=VMA,
+        jax_refuses=r"Expected unreduced_kind=UnreducedKind\.min but got UnreducedKind\.max",
+        message=(r"`Tensor\.amin` is a min reduction", r"kind 'max'")),
 ]
 
 UNREDUCED_BY_NAME: dict[str, UnreducedProgram] = {p.name: p for p in UNREDUCED}

@@ -10,7 +10,8 @@ plain tensors on every rank). For each program, on every rank:
   input equal JAX's to 1e-5;
 - if JAX raised: we raise too, the same error on every rank: a ``VmaError`` for a type error
   (an op's check or the out_specs check), a ``MeshError`` for an argument whose dim its spec's
-  axes do not divide (JAX's rule), and our message matches the program's pinned regexes.
+  axes do not divide (JAX's rule) or a spec that names an axis the region is not manual over
+  (``axis_names=``), and our message matches the program's pinned regexes.
 
 Another test checks that JAX raises exactly where the program table says it does, so the
 table's expectations stay honest when JAX changes.
@@ -28,7 +29,7 @@ import pytest
 from tests.dist._pool import WorkerFailed, pool_fixture
 from tests.jax_oracle import fm_side, programs
 from tests.jax_oracle._jax_venv import JAX_VERSION, SETUP_BUDGET_S, run_jax_side
-from tests.jax_oracle.programs import DIVISIBILITY, TOLERANCE, VMA, Program
+from tests.jax_oracle.programs import DIVISIBILITY, JAX_NEW, SPEC, TOLERANCE, VMA, Program
 
 JAX_SIDE = Path(__file__).with_name("jax_side.py")
 JAX_RUN_TIMEOUT_S = 180
@@ -54,12 +55,20 @@ def test_jax_side_ran_every_program(jax_results: dict[str, Any]) -> None:
     assert meta["jax"] == JAX_VERSION, meta  # the JAX _jax_venv.choose() picked judged the run
     assert sorted(meta["programs"]) == sorted(programs.BY_NAME)
     # every error JAX raised is one this suite knows how to compare (a type check or divisibility)
-    unknown = {name: info["error"] for name, info in meta["programs"].items() if info["kind"] == "other"}
+    unknown = {name: info["error"] for name, info in meta["programs"].items() if info["kind"] == "other"
+               and not _judged_elsewhere(programs.BY_NAME[name])}
     assert not unknown, unknown
+
+
+def _judged_elsewhere(program: Program) -> bool:
+    """The ``axis_names=`` programs are written to JAX 0.12's rules: the 0.10.2 fallback does not judge them."""
+    return bool(program.axis_names) and JAX_VERSION != JAX_NEW
 
 
 @pytest.mark.parametrize("program", programs.HAND_WRITTEN, ids=lambda p: p.name)
 def test_jax_raises_where_the_table_says(program: Program, jax_results: dict[str, Any]) -> None:
+    if _judged_elsewhere(program):
+        pytest.skip(f"{program.name}: an axis_names= program, judged by JAX {JAX_NEW} only")
     jax = jax_results[program.name]
     assert jax["kind"] == program.fails, (
         f"{program.name} ({program.about}): the table expects {program.fails or 'no error'}, JAX gave "
@@ -98,6 +107,8 @@ def _problems(program: Program, jax: dict[str, Any], r: dict[str, Any]) -> list[
             problems.append(f"{name} (want VmaError, a type error): {message}")
         if kind == DIVISIBILITY and "MeshError" not in mro:
             problems.append(f"{name} (want a MeshError): {message}")
+        if kind == SPEC and name != "MeshError":  # a spec naming an axis the region is not manual over
+            problems.append(f"{name} (want a MeshError, no type error): {message}")
         problems += [f"the message does not match {pattern!r}: {message}" for pattern in program.message
                      if not re.search(pattern, message)]
         return problems
@@ -118,6 +129,8 @@ def _problems(program: Program, jax: dict[str, Any], r: dict[str, Any]) -> list[
 
 @pytest.mark.parametrize("program", programs.ALL, ids=lambda p: p.name)
 def test_shard_map_matches_jax(program: Program, jax_results: dict[str, Any], w8: Any) -> None:
+    if _judged_elsewhere(program):
+        pytest.skip(f"{program.name}: an axis_names= program, judged by JAX {JAX_NEW} only")
     jax = jax_results[program.name]
     fn, args = _runner(program)
     try:

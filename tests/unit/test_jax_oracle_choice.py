@@ -16,7 +16,10 @@ from pathlib import Path
 import pytest
 
 from tests.jax_oracle import _jax_venv as jv
-from tests.jax_oracle.programs import JAX_FALLBACK, JAX_NEW, UNREDUCED
+from tests.jax_oracle.programs import JAX10_NO_REDUCED, JAX_FALLBACK, JAX_NEW
+from tests.jax_oracle.programs import UNREDUCED as ALL_ROWS
+
+UNREDUCED = [p for p in ALL_ROWS if p.name.startswith("ur_")]  # the pending-sum rows (both JAXes have them)
 
 
 def _fake(path: Path, version: tuple[int, int] | None) -> str:
@@ -107,6 +110,9 @@ def test_the_running_python_answers_without_a_subprocess() -> None:
 def test_each_unreduced_row_answers_for_both_jaxes() -> None:
     """The rows whose answer moved between 0.10.2 and 0.12 (issue 35's nine, and the out_specs cast
     0.12 no longer inserts), and only those."""
+    new = [p for p in ALL_ROWS if not p.name.startswith("ur_")]  # reduced and the kinds: new in 0.12
+    assert new and all(p.refuses(JAX_FALLBACK) == JAX10_NO_REDUCED for p in new)
+    assert all(p.one_process or p.fails for p in new)  # so the fallback still judges them
     moved = {p.name for p in UNREDUCED if p.refuses(JAX_NEW) != p.refuses(JAX_FALLBACK)}
     assert moved == {"ur_neg", "ur_sub", "ur_div_mean", "ur_div_by_pending", "ur_tanh", "ur_relu", "ur_exp",
                      "ur_pmax", "ur_pmin", "ur_out_varying"}

@@ -78,20 +78,38 @@ def test_errors_name_the_bad_value():
         NamedSharding(MESH, P("x")).shard_shape((8.0,))
 
 
-def test_jax_012_keywords_and_unknown_ones_get_a_message_naming_what_we_take():
-    # JAX 0.12's reduced= (and unreduced_kind=) have no meaning here yet: say so, not Python's generic
-    # "unexpected keyword argument"; a TypeError all the same, so code catching that still does
-    with pytest.raises(TypeError, match=r"^`PartitionSpec` requires axis entries and the keyword unreduced= only "
-                                        r"\(JAX 0\.12's reduced= is not supported yet\), but got reduced=\{'tp'\}; "
-                                        r"valid: unreduced=$"):
-        P("dp", reduced={"tp"})
-    with pytest.raises(TypeError, match=r"JAX 0\.12's unreduced_kind= is not supported yet\), but got "
+def test_jax_012_keywords_reduced_and_unreduced_kind():
+    # JAX 0.12's P(reduced=, unreduced_kind=): values, equality, repr, keys and JAX's errors
+    assert P("dp", reduced={"tp"}).reduced == {"tp"} and P("dp").reduced == frozenset()
+    assert P(unreduced="tp").unreduced_kind == "sum" and P("dp").unreduced_kind is None
+    assert P(unreduced="tp") == P(unreduced="tp", unreduced_kind="sum") != P(unreduced="tp", unreduced_kind="max")
+    assert P(reduced="tp") != P() and hash(P(reduced="tp")) != hash(P())
+    spec = P("dp", unreduced={"tp"}, reduced={"cp"}, unreduced_kind="min")
+    assert repr(spec) == "P('dp', unreduced={'tp'}, reduced={'cp'}, unreduced_kind='min')"  # JAX's order
+    assert P.from_key(spec.key) == spec and P.from_key(P(reduced="tp").key) == P(reduced="tp")
+
+    class Kind:  # what jax.sharding.UnreducedKind.max looks like: a member named "max"
+        name = "max"
+
+    assert P(unreduced="tp", unreduced_kind=Kind()).unreduced_kind == "max"
+    with pytest.raises(MeshError, match=r"unreduced_kind= only with unreduced axes \(as in JAX\), but got "
                                         r"unreduced_kind='max'"):
-        P(unreduced="tp", unreduced_kind="max")
-    with pytest.raises(TypeError, match=r"^`PartitionSpec` requires axis entries and the keyword unreduced= only, "
-                                        r"but got unreduce=\('tp',\); valid: unreduced=$"):
+        P("dp", unreduced_kind="max")
+    with pytest.raises(MeshError, match=r"a reduction kind, but got unreduced_kind='avg'; valid: 'sum', 'max', 'min'"):
+        P(unreduced="tp", unreduced_kind="avg")
+    with pytest.raises(MeshError, match=r"unreduced= and reduced= without common axes \(as in JAX\)"):
+        P(unreduced="tp", reduced="tp")
+    with pytest.raises(MeshError, match=r"each axis either splitting a dim or in reduced=, not both"):
+        P("tp", reduced="tp")
+    with pytest.raises(TypeError, match=r"^`PartitionSpec` requires axis entries and the keywords unreduced=, reduced=, "
+                                        r"unreduced_kind= only, but got unreduce=\('tp',\); valid: unreduced=, "
+                                        r"reduced=, unreduced_kind=$"):
         P("dp", unreduce=("tp",))
-    assert P("dp", unreduced={"tp"}).unreduced == {"tp"}  # the keyword we take still works
+    assert P("dp", unreduced={"tp"}).unreduced == {"tp"}  # the keyword we took before still works
+    mesh = fm.make_mesh((2, 4), ("dp", "tp"))
+    with pytest.raises(fm.UnknownAxisError):
+        NamedSharding(mesh, P(reduced="cp"))
+    assert NamedSharding(mesh, P(reduced="tp")).is_fully_replicated  # a reduced value is the same everywhere
 
 
 def test_trailing_nones_count_in_the_rank_a_spec_needs():
