@@ -10,7 +10,6 @@ full tensor by the decoded sharding's ``local_slices``.
 from __future__ import annotations
 
 import math
-import re
 import warnings
 
 import pytest
