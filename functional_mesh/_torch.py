@@ -205,9 +205,18 @@ def group_name(pg: Any) -> str:
 # -- one graph for every rank (torch's compile_on_one_rank; docs/compile.md, "Compile caches across ranks") --
 
 
+# whether this torch resolves a mesh's groups when a graph runs (``_dtensor.mesh_get_process_group``): where it
+# does not (torch 2.11, 2.12), its dynamo cannot take our handle as a constant either, and the flag changes nothing
+# of ours (docs/compile.md, "One graph for every rank")
+_RUN_TIME_GROUPS = hasattr(getattr(torch.ops, "_dtensor"), "mesh_get_process_group")
+
+
 def one_graph_for_all_ranks() -> bool:
     """Whether torch's ``compile_on_one_rank`` is on: ``torch.compiler.config`` (torch >= 2.14) or
-    ``torch.distributed.config`` (2.13, a deprecated alias later); read while tracing."""
+    ``torch.distributed.config`` (2.13, a deprecated alias later), on a torch that can share the graph
+    (:data:`_RUN_TIME_GROUPS`); read while tracing."""
+    if not _RUN_TIME_GROUPS:
+        return False
     config = getattr(torch.compiler, "config", None)
     if config is not None and hasattr(config, "compile_on_one_rank"):
         return bool(config.compile_on_one_rank)

@@ -48,3 +48,13 @@ def fsdp_spmd_types_failure() -> str | None:
         return (f"torch {torch.__version__}'s FSDP2 does not read spmd_types annotations (its _fsdp_param imports "
                 "no spmd_types), so fully_shard refuses the spmd_types backend's plain-tensor parameters")
     return None
+
+
+def needs_one_graph() -> pytest.MarkDecorator:
+    """Skip where this torch cannot share one graph between ranks (``_torch._RUN_TIME_GROUPS``: no
+    ``_dtensor.mesh_get_process_group``, torch 2.11 and 2.12); there ``compile_on_one_rank`` changes
+    nothing of ours and each rank keeps its own constants, as without the flag."""
+    return pytest.mark.skipif(
+        not _torch._RUN_TIME_GROUPS,
+        reason=f"torch {torch.__version__} resolves no mesh's groups when a graph runs (no "
+               "_dtensor.mesh_get_process_group): compile_on_one_rank changes nothing of ours here")

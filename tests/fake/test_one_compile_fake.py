@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from tests._torch_features import needs_one_graph
+
+pytestmark = [pytest.mark.slow, needs_one_graph()]
 WORLD = 4
 REPO = Path(__file__).resolve().parents[2]
 
