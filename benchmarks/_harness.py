@@ -84,8 +84,8 @@ def serve(workers: dict[str, Callable[..., Any]]) -> None:
     os._exit(0)  # skip interpreter teardown: seconds with torch loaded, times W processes
 
 
-def _start(script: str, spec: dict[str, Any]) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+def _start(script: str, spec: dict[str, Any], extra: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(extra or {})}
     return subprocess.Popen([sys.executable, script, "--worker", json.dumps(spec)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
 
@@ -106,9 +106,9 @@ def _collect(procs: Sequence[subprocess.Popen], timeout_s: float) -> list[Any]:
                 p.kill()
 
 
-def run(script: str, spec: dict[str, Any], *, timeout_s: float = 900) -> Any:
-    """One worker in a fresh interpreter."""
-    return _collect([_start(script, spec)], timeout_s)[0]
+def run(script: str, spec: dict[str, Any], *, timeout_s: float = 900, env: dict[str, str] | None = None) -> Any:
+    """One worker in a fresh interpreter (``env``: variables set for it alone)."""
+    return _collect([_start(script, spec, env)], timeout_s)[0]
 
 
 def run_pool(script: str, spec: dict[str, Any], world: int, timeout_s: float = 600) -> list[Any]:

@@ -23,7 +23,7 @@ from ._errors import MeshError, requires
 from ._handle import RealizedMesh
 from ._mesh import Mesh
 from ._realize_plan import DefaultGroup, RealizePlan, Surroundings, axis_report, plan
-from ._torch import can_split, default_group
+from ._torch import can_split, default_group, key_meshes_by_job
 
 __all__ = ["realize"]
 
@@ -124,6 +124,7 @@ def _apply(p: RealizePlan) -> RealizedMesh:
     families = [Family(*f) for f in p.families]
     got = CACHE.realize_groups([f for f in families if f.key not in p.adopted],
                                Request(p.device_type, p.world, p.rank, p.default_backend, p.member, p.members_only))
+    key_meshes_by_job()  # a compiled graph's DeviceMesh input, keyed alike on every rank (docs/compile.md)
     return _assemble(p.mesh, families, p.adopted, got, p.device_type, p.backend, p.rank, p.member)
 
 

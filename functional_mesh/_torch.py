@@ -12,7 +12,9 @@ Creates no process group but two kinds, for ``_cache`` only (:func:`one_rank_gro
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
+import sys
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -32,7 +34,7 @@ __all__ = ["PlacementPlan", "abort_groups", "all_gather", "all_gather_start", "a
            "all_to_all", "all_to_all_start", "broadcast_prefix", "no_torch_function", "reduce_scatter_start", "wait",
            "can_split", "default_group",
            "default_store", "device_mesh_from_groups", "from_placements", "global_rank", "group_members",
-           "group_in_order", "group_name", "one_graph_for_all_ranks", "run_time_coordinate", "shared_group_name", "group_timeout", "known_groups", "local_tensor", "mesh_parts", "one_rank_group", "op_overload_name", "pytree",
+           "group_in_order", "group_name", "one_graph_for_all_ranks", "run_time_coordinate", "shared_group_name", "key_meshes_by_job", "group_timeout", "known_groups", "local_tensor", "mesh_parts", "one_rank_group", "op_overload_name", "pytree",
            "raise_while_tracing", "reduce_scatter", "register_flattened", "rename_flattened", "set_group_desc",
            "to_placements", "torch_function_mode_active",
            "trace_time_error", "unregister_flattened"]
@@ -232,6 +234,73 @@ def run_time_coordinate(groups: list[list[int]]) -> Any:
     import torch.distributed._ops.device_mesh  # noqa: F401  (registers the operator)
 
     return torch.ops.device_mesh._runtime_compute_coordinate_on_dim(torch.tensor(groups, dtype=torch.int), 0)
+
+
+# -- a DeviceMesh in the FX graph cache key: the job's mesh, not this rank's (docs/compile.md) --
+
+
+def _mesh_cache_key(mesh: DeviceMesh) -> tuple[Any, ...] | None:
+    """What tells ``mesh`` apart from the job's other meshes on every rank alike: device type, dim names,
+    layout and the root's rank map (torch >= 2.10's ``_layout``/``_rank_map``; ``None`` without them)."""
+    layout, rank_map = getattr(mesh, "_layout", None), getattr(mesh, "_rank_map", None)
+    if layout is None or rank_map is None:
+        return None
+    return ("DeviceMesh", mesh.device_type, mesh.mesh_dim_names, str(layout), tuple(rank_map.tolist()))
+
+
+def _same(*key: Any) -> tuple[Any, ...]:  # what a reduced mesh stands for in a key (hashed, never loaded)
+    return key
+
+
+def _key_meshes_by_job(codecache: Any) -> None:
+    """Under ``compile_on_one_rank``, inductor's FX graph cache keys a graph's ``DeviceMesh`` input by
+    :func:`_mesh_cache_key` instead of pickling the object (its ``_rank``, ``_coordinate_on_dim``, this
+    rank's group names): the compiled code takes the mesh when it runs, and what tracing read of it is
+    in the graph, which is in the key. Without the flag, torch's own reduction."""
+    pickler: Any = getattr(codecache, "FxGraphCachePickler", None)
+    torch_reduce = getattr(pickler, "_reduce_fake_script_object", None)
+    if torch_reduce is None or getattr(torch_reduce, "_functional_mesh", False):
+        return
+
+    def reduce(self: Any, t: Any) -> Any:
+        real = getattr(t, "real_obj", None)
+        key = _mesh_cache_key(real) if isinstance(real, DeviceMesh) and one_graph_for_all_ranks() else None
+        return torch_reduce(self, t) if key is None else (_same, (t.script_class_name, key))
+
+    reduce._functional_mesh = True  # type: ignore[attr-defined]
+    pickler._reduce_fake_script_object = reduce
+
+
+_CODECACHE = "torch._inductor.codecache"
+
+
+class _AfterCodecache:
+    """A ``sys.meta_path`` finder that patches inductor's cache module once it is imported (it costs seconds)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != _CODECACHE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            run = spec.loader.exec_module
+
+            def exec_module(module: Any) -> None:
+                run(module)
+                _key_meshes_by_job(module)
+
+            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def key_meshes_by_job() -> None:
+    """Make :func:`_key_meshes_by_job` hold (at realize; idempotent, nothing imported)."""
+    if not _RUN_TIME_GROUPS:
+        return
+    if _CODECACHE in sys.modules:
+        _key_meshes_by_job(sys.modules[_CODECACHE])
+    elif not any(isinstance(f, _AfterCodecache) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterCodecache())
 
 
 _SHARED_NAMES: dict[str, Any] = {}  # a name every group of one axis shares -> this rank's group

@@ -55,7 +55,7 @@ import torch
 
 import functional_mesh as fm
 from functional_mesh import P
-from tests._torch_features import needs_compiled_regions
+from tests._torch_features import needs_compiled_regions, needs_one_graph
 from tests.dist._pool import WorkerFailed, pool_fixture
 from tests.dist._settings import CHECK_S, GROUP_TIMEOUT
 
@@ -745,6 +745,66 @@ def test_one_graph_programs_equal_eager(w4):
     names = [f"{ONE_GRAPH}ring and coordinates", f"{ONE_GRAPH}shard_map mlp, DTensor weights"]
     for rank, res in enumerate(w4.run(one_graph_vs_eager, names, "aot_eager", timeout=300)):
         assert max(res.values()) < 1e-10, (rank, res)
+
+
+def shared_cache_vs_eager(names: list[str], cache: str) -> dict:
+    """Each program of ``names`` compiled on inductor under ``compile_on_one_rank`` into the cache directory
+    ``cache``, rank 0 first: the other ranks wait for rank 0's graph before compiling each of theirs, so
+    they load it. Per program: whether each of this rank's graphs hit the FX graph cache, and the largest
+    difference of its outputs and gradients from eager mode's (what rank 0's code computes here)."""
+    import datetime
+    import os
+
+    import torch.distributed as dist
+    from torch._dynamo.utils import counters
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    from functional_mesh import _torch
+
+    store, rank, old = _torch.default_store(), dist.get_rank(), os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+    out = {}
+    try:
+        for name in names:
+            fn, args, _ = _programs_4()[name]()
+            want, hits, order = _leaves_grads(fn, args), [], itertools.count()
+
+            def inner(gm: Any, inputs: list, hits: list = hits, name: str = name, **kwargs: Any) -> Any:
+                key = f"{cache} {name} {next(order)}"
+                if rank:
+                    store.wait([key], datetime.timedelta(seconds=240))
+                before = counters["inductor"]["fxgraph_cache_hit"]
+                compiled = compile_fx_inner(gm, inputs, **kwargs)
+                hits.append(counters["inductor"]["fxgraph_cache_hit"] > before)
+                if rank == 0:
+                    store.set(key, "compiled")
+                return compiled
+
+            torch._dynamo.reset()
+            with one_graph(), torch._inductor.config.patch(fx_graph_cache=True):
+                backend = lambda gm, inputs: compile_fx(gm, inputs, inner_compile=inner)  # noqa: E731
+                got = _leaves_grads(torch.compile(fn, fullgraph=True, backend=backend), args)
+            torch._dynamo.reset()
+            diff = max((a - b).abs().max().item() for a, b in zip(got[0] + got[1], want[0] + want[1], strict=True))
+            out[name] = {"hits": hits, "diff": diff}
+    finally:
+        if old is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
+    return out
+
+
+@needs_one_graph()
+@pytest.mark.timeout(600)
+def test_later_ranks_load_rank_0s_graphs_and_compute_their_own_values(w4, tmp_path):
+    # one cache directory: ranks 1-3 hit every graph rank 0 compiled (forward and backward; the DTensor
+    # MLP's graphs take a DeviceMesh), and rank 0's code run on them gives their eager values
+    names = [f"{ONE_GRAPH}ring and coordinates", f"{ONE_GRAPH}shard_map mlp, DTensor weights"]
+    for rank, res in enumerate(w4.run(shared_cache_vs_eager, names, str(tmp_path), timeout=600)):
+        for name, got in res.items():
+            assert len(got["hits"]) == 2 and got["hits"] == [rank > 0] * 2, (rank, name, got)
+            assert got["diff"] < 1e-5, (rank, name, got)
 
 
 # -- FSDP2 + tensor parallel, compiled ------------------------------------------------------------------

@@ -4,11 +4,10 @@ The ranks of a 4-rank fake world compile each program one after another, each in
 interpreter, into one FX graph cache directory (inductor, forward and backward), as a job whose
 ranks share a cache would. Each rank records, per graph inductor is handed, the graph's code and
 whether the FX graph cache hit; every rank's graphs must be rank 0's, op for op, and on every rank
-after the first each graph without a torch ``DeviceMesh`` input must hit. (A graph with a
-DTensor has the ``DeviceMesh`` as an input that torch pickles into the cache key with this rank's
-``_rank``: it misses on torch 2.13 and 2.15 alike, docs/compile.md.) Without the flag the graphs
-differ between ranks: the test's own control. Split sizes that are data (``ragged_all_to_all``)
-stay constants of each rank's graph and are not among the programs.
+after the first every graph must hit, also those with a torch ``DeviceMesh`` input (a region's
+results, DTensor weights), which torch alone would key by this rank's ``_rank`` (docs/compile.md).
+Without the flag the graphs differ between ranks: the test's own control. Split sizes that are data
+(``ragged_all_to_all``) stay constants of each rank's graph and are not among the programs.
 """
 
 from __future__ import annotations
@@ -57,9 +56,16 @@ def _compile(rank: int, shared: bool, only: str | None = None) -> list[dict]:
         a = fm.ppermute(torch.tanh(w), "pp", shift)
         return fm.psum(fm.ppermute(torch.tanh(a * w), "pp", shift).sum(), "pp")
 
+    def mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:  # DTensor weights
+        return fm.psum(torch.relu(x @ w1) @ w2, "b")
+
     region = fm.shard_map(body, mesh=line, in_specs=P("pp"), out_specs=P())
+    tp = fm.shard_map(mlp, in_specs=(P(), P(None, "b"), P("b", None)), out_specs=P(), mesh=rm)
+    w1 = fm.distribute(torch.ones(4, 8) / 8, fm.NamedSharding(rm.mesh, P(None, "b")), mesh=rm)
+    w2 = fm.distribute(torch.ones(8, 4) / 4, fm.NamedSharding(rm.mesh, P("b", None)), mesh=rm)
     programs = {"coordinates": (coordinates, torch.arange(4.0)),
-                "pipeline region": (lambda w: region(w).to_local(), torch.arange(4.0 * WORLD))}
+                "pipeline region": (lambda w: region(w).to_local(), torch.arange(4.0 * WORLD)),
+                "TP MLP, DTensor weights": (lambda x: (tp(x, w1, w2).to_local() ** 2).sum(), torch.ones(2, 4))}
     config = torch.compiler.config if hasattr(torch.compiler.config, "compile_on_one_rank") else dist.config
     out = []
     for name, (fn, x) in programs.items():
@@ -99,15 +105,14 @@ def _ranks(shared: bool, world: int = WORLD, only: str = "") -> list[list[dict]]
 def test_every_rank_compiles_rank_0s_graphs_and_hits_the_cache():
     ranks = _ranks(shared=True)
     first = ranks[0]
-    assert [len(p["graphs"]) for p in first] == [2, 2], first  # forward and backward of each program
+    assert [len(p["graphs"]) for p in first] == [2, 2, 2], first  # forward and backward of each program
+    assert [any(g["mesh"] for g in p["graphs"]) for p in first] == [False, True, True]  # a DeviceMesh input
+    assert not any(g["hit"] for p in first for g in p["graphs"])  # rank 0 into an empty cache
     for rank, programs in enumerate(ranks[1:], start=1):
         for mine, theirs in zip(programs, first, strict=True):
             assert [g["code"] for g in mine["graphs"]] == [g["code"] for g in theirs["graphs"]], (rank, mine["program"])
-            missed = [i for i, g in enumerate(mine["graphs"]) if not g["hit"] and not g["mesh"]]
+            missed = [i for i, g in enumerate(mine["graphs"]) if not g["hit"]]
             assert not missed, f"rank {rank}, {mine['program']}: graphs {missed} missed the cache"
-    assert not any(g["mesh"] for g in first[0]["graphs"])  # plain tensors: every graph hits
-    assert all(g["hit"] for programs in ranks[1:] for g in programs[0]["graphs"])
-    assert any(g["hit"] for programs in ranks[1:] for g in programs[1]["graphs"])  # the region's backward
 
 
 @pytest.mark.timeout(1200)
@@ -116,6 +121,72 @@ def test_without_the_flag_each_rank_bakes_its_own_constants():
     codes = [[g["code"] for g in rank[0]["graphs"]] for rank in ranks]
     assert codes[1] != codes[0]  # the coordinate program: coordinates and split sizes differ
     assert not any(g["hit"] for g in ranks[1][0]["graphs"])
+
+
+@pytest.mark.timeout(1200)
+def test_without_the_flag_a_mesh_input_keys_by_this_rank():
+    # the same graphs on ranks 0 and 1 (no coordinate of ours in them), but torch's key holds each rank's mesh
+    ranks = _ranks(shared=False, world=2, only="TP MLP, DTensor weights")
+    assert [g["code"] for g in ranks[1][0]["graphs"]] == [g["code"] for g in ranks[0][0]["graphs"]]
+    with_mesh = [g for g in ranks[1][0]["graphs"] if g["mesh"]]
+    assert with_mesh and not any(g["hit"] for g in with_mesh)
+
+
+_HOOK = """
+import sys
+import torch
+import torch.distributed as dist
+import torch.testing._internal.distributed.fake_pg
+from torch.distributed.device_mesh import DeviceMesh
+from torch.testing._internal.distributed.fake_pg import FakeStore
+import functional_mesh as fm
+from functional_mesh import _torch
+
+def marked():
+    cc = sys.modules["torch._inductor.codecache"]
+    return getattr(cc.FxGraphCachePickler._reduce_fake_script_object, "_functional_mesh", False)
+
+assert "torch._inductor.codecache" not in sys.modules
+import_only = [isinstance(f, _torch._AfterCodecache) for f in sys.meta_path]
+dist.init_process_group("fake", rank=int(sys.argv[1]), world_size=4, store=FakeStore())
+rm = fm.realize(fm.make_mesh((2, 2), ("a", "b")))
+fm.realize(fm.make_mesh((4,), ("c",)))  # a second realize installs nothing more
+hooks = sum(isinstance(f, _torch._AfterCodecache) for f in sys.meta_path)
+loaded_at_realize = "torch._inductor.codecache" in sys.modules
+import torch._inductor.codecache as cc
+keys = {}
+for flag in (False, True):
+    with torch.compiler.config.patch(compile_on_one_rank=flag) if hasattr(torch.compiler.config, "compile_on_one_rank") \
+            else dist.config.patch(compile_on_one_rank=flag):
+        for name in ("a", "b"):
+            fake = torch._library.fake_class_registry.FakeScriptObject(None, "DeviceMesh", rm[name].device_mesh)
+            keys[f"{name} {flag}"] = cc.FxGraphCachePickler(torch.fx.GraphModule({}, torch.fx.Graph())).dumps(fake).hex()
+print(repr({"import_only": any(import_only), "hooks": hooks, "loaded_at_realize": loaded_at_realize,
+            "marked": marked(), "hooks_after": sum(isinstance(f, _torch._AfterCodecache) for f in sys.meta_path),
+            "keys": keys}))
+"""
+
+
+def _hook(rank: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", _HOOK, str(rank)], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return eval(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(900)
+def test_realize_keys_a_mesh_by_the_job_once_inductor_loads():
+    # importing the package changes nothing; realize imports nothing (inductor's cache module costs seconds)
+    # and patches it when it loads, once; the key of a mesh is the same on every rank under the flag only
+    ranks = [_hook(0), _hook(3)]
+    for got in ranks:
+        assert (got["import_only"], got["hooks"], got["loaded_at_realize"]) == (False, 1, False), got
+        assert got["marked"] and got["hooks_after"] == 0, got
+        assert got["keys"]["a True"] != got["keys"]["b True"]  # two meshes of the job: two keys
+    first, last = (r["keys"] for r in ranks)
+    assert first["a True"] == last["a True"] and first["b True"] == last["b True"]
+    assert first["a False"] != last["a False"] and first["b False"] != last["b False"]  # torch's: this rank's
 
 
 if __name__ == "__main__":
