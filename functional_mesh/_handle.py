@@ -293,7 +293,7 @@ class _TorchMesh(_RealizedFields):
                     f"`RealizedMesh.device_mesh` requires each axis group to hold its mesh row in mesh order, "
                     f"but axis {name!r} has group ranks {members} for row {row}", mesh=mesh)
             groups.append(pg)
-        dm = _torch.device_mesh_from_groups(groups, self._device_type, submesh, mesh.axis_names)
+        dm = _torch.device_mesh_from_groups(groups, self._device_type, submesh, mesh.axis_names, mesh.groups())
         for key, pg in self._groups.items():  # products realized with this mesh, in mesh order
             if isinstance(key, tuple) and _in_order(key, mesh.axis_names):
                 _torch.register_flattened(dm, key, self._lend(key, pg))

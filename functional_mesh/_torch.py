@@ -239,17 +239,19 @@ def run_time_coordinate(groups: list[list[int]]) -> Any:
 # -- a DeviceMesh in the FX graph cache key: the job's mesh, not this rank's (docs/compile.md) --
 
 
+_JOB = "_functional_mesh_every_group"  # a DeviceMesh of ours: its root's every group (the same on every rank)
+
+
 def _mesh_cache_key(mesh: DeviceMesh) -> tuple[Any, ...] | None:
     """What tells ``mesh`` apart from the job's other meshes on every rank alike: device type, dim names,
-    layout and the root's rank map (torch >= 2.10's ``_layout``/``_rank_map``; ``None`` without them)."""
+    layout in its root, and the root's every group where we built the root, else the root's rank map
+    (torch >= 2.10's ``_layout``/``_rank_map``; ``None`` without them)."""
     layout, rank_map = getattr(mesh, "_layout", None), getattr(mesh, "_rank_map", None)
     if layout is None or rank_map is None:
         return None
-    return ("DeviceMesh", mesh.device_type, mesh.mesh_dim_names, str(layout), tuple(rank_map.tolist()))
-
-
-def _same(*key: Any) -> tuple[Any, ...]:  # what a reduced mesh stands for in a key (hashed, never loaded)
-    return key
+    job = getattr(getattr(mesh, "_root_mesh", None) or mesh, _JOB, None)
+    return ("DeviceMesh", mesh.device_type, mesh.mesh_dim_names, str(layout),
+            tuple(rank_map.tolist()) if job is None else job)
 
 
 def _key_meshes_by_job(codecache: Any) -> None:
@@ -265,7 +267,7 @@ def _key_meshes_by_job(codecache: Any) -> None:
     def reduce(self: Any, t: Any) -> Any:
         real = getattr(t, "real_obj", None)
         key = _mesh_cache_key(real) if isinstance(real, DeviceMesh) and one_graph_for_all_ranks() else None
-        return torch_reduce(self, t) if key is None else (_same, (t.script_class_name, key))
+        return torch_reduce(self, t) if key is None else (tuple, ((t.script_class_name, *key),))  # hashed, never loaded
 
     reduce._functional_mesh = True  # type: ignore[attr-defined]
     pickler._reduce_fake_script_object = reduce
@@ -612,21 +614,22 @@ UNREALIZED_GROUP = "functional_mesh:unrealized:{}"  # a group name torch cannot 
 
 
 def device_mesh_from_groups(groups: Sequence[Any], device_type: str, submesh: np.ndarray,
-                            names: tuple[str, ...]) -> DeviceMesh:
-    """A torch ``DeviceMesh`` over existing groups, one per axis (no new group).
+                            names: tuple[str, ...], every_group: np.ndarray) -> DeviceMesh:
+    """A torch ``DeviceMesh`` over existing groups, one per axis (no new group); ``every_group``
+    (``(n_groups, *submesh.shape)``) keys it in a compile cache (:func:`_mesh_cache_key`).
 
     A ``None`` group (an axis left out by ``realize(axes=...)``) gets the name
     ``functional_mesh:unrealized:<axis>``, so anything that asks torch for it fails naming the axis.
     """
     mesh = torch.from_numpy(np.ascontiguousarray(submesh))
     if all(g is not None for g in groups):
-        return DeviceMesh.from_group(list(groups), device_type, mesh=mesh, mesh_dim_names=names)
-    dm = DeviceMesh(device_type, mesh.to(torch.int), mesh_dim_names=names, _init_backend=False)
-    dm._dim_group_names = [UNREALIZED_GROUP.format(n) if g is None else g.group_name
-                           for g, n in zip(groups, names, strict=True)]
-    for g in groups:
-        if g is not None:
-            dm._pg_registry[g.group_name] = g
+        dm = DeviceMesh.from_group(list(groups), device_type, mesh=mesh, mesh_dim_names=names)
+    else:
+        dm = DeviceMesh(device_type, mesh.to(torch.int), mesh_dim_names=names, _init_backend=False)
+        dm._dim_group_names = [UNREALIZED_GROUP.format(n) if g is None else g.group_name
+                               for g, n in zip(groups, names, strict=True)]
+        dm._pg_registry.update({g.group_name: g for g in groups if g is not None})
+    setattr(dm, _JOB, (every_group.shape, tuple(every_group.reshape(-1).tolist())))
     return dm
 
 

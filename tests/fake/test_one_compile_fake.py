@@ -132,6 +132,21 @@ def test_without_the_flag_a_mesh_input_keys_by_this_rank():
     assert with_mesh and not any(g["hit"] for g in with_mesh)
 
 
+@pytest.mark.timeout(900)
+def test_the_benchmark_counts_each_later_ranks_hits(tmp_path):
+    # benchmarks/bench_compile.py --cache (docs/compile.md's figures) still runs: world 2, the psum MLP
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "benchmarks/bench_compile.py", "--cache", "2", "--programs", "psum MLP",
+                           "--out", str(tmp_path / "cache.jsonl")], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(" [", 1) for line in proc.stdout.splitlines() if line.startswith("psum MLP "))
+    for column in ("psum MLP without the flag", "psum MLP compile_on_one_rank"):
+        ranks = eval("[" + lines[column])  # (hits, misses, bypasses, CPU s) of ranks 0 and 1
+        assert [r[:3] for r in ranks] == [(0, 2, 0), (2, 0, 0)], (column, ranks)
+    assert (tmp_path / "cache.jsonl").stat().st_size > 0
+
+
 _HOOK = """
 import sys
 import torch
@@ -150,7 +165,7 @@ assert "torch._inductor.codecache" not in sys.modules
 import_only = [isinstance(f, _torch._AfterCodecache) for f in sys.meta_path]
 dist.init_process_group("fake", rank=int(sys.argv[1]), world_size=4, store=FakeStore())
 rm = fm.realize(fm.make_mesh((2, 2), ("a", "b")))
-fm.realize(fm.make_mesh((4,), ("c",)))  # a second realize installs nothing more
+alone = fm.realize(fm.make_mesh((2, 2), ("a", "b"))["b"])  # a second realize installs nothing more
 hooks = sum(isinstance(f, _torch._AfterCodecache) for f in sys.meta_path)
 loaded_at_realize = "torch._inductor.codecache" in sys.modules
 import torch._inductor.codecache as cc
@@ -158,8 +173,8 @@ keys = {}
 for flag in (False, True):
     with torch.compiler.config.patch(compile_on_one_rank=flag) if hasattr(torch.compiler.config, "compile_on_one_rank") \
             else dist.config.patch(compile_on_one_rank=flag):
-        for name in ("a", "b"):
-            fake = torch._library.fake_class_registry.FakeScriptObject(None, "DeviceMesh", rm[name].device_mesh)
+        for name, mesh in (("a", rm["a"]), ("b", rm["b"]), ("b alone", alone), ("b of b alone", alone["b"])):
+            fake = torch._library.fake_class_registry.FakeScriptObject(None, "DeviceMesh", mesh.device_mesh)
             keys[f"{name} {flag}"] = cc.FxGraphCachePickler(torch.fx.GraphModule({}, torch.fx.Graph())).dumps(fake).hex()
 print(repr({"import_only": any(import_only), "hooks": hooks, "loaded_at_realize": loaded_at_realize,
             "marked": marked(), "hooks_after": sum(isinstance(f, _torch._AfterCodecache) for f in sys.meta_path),
@@ -184,9 +199,10 @@ def test_realize_keys_a_mesh_by_the_job_once_inductor_loads():
         assert (got["import_only"], got["hooks"], got["loaded_at_realize"]) == (False, 1, False), got
         assert got["marked"] and got["hooks_after"] == 0, got
         assert got["keys"]["a True"] != got["keys"]["b True"]  # two meshes of the job: two keys
-    first, last = (r["keys"] for r in ranks)
-    assert first["a True"] == last["a True"] and first["b True"] == last["b True"]
-    assert first["a False"] != last["a False"] and first["b False"] != last["b False"]  # torch's: this rank's
+    first, last = (r["keys"] for r in ranks)  # rank 0 and 3: in no group together
+    for name in ("a", "b", "b alone", "b of b alone"):  # a mesh built over this rank's group alone, too
+        assert first[f"{name} True"] == last[f"{name} True"], name
+        assert first[f"{name} False"] != last[f"{name} False"], name  # torch's key: this rank's mesh
 
 
 if __name__ == "__main__":
