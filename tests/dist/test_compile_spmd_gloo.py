@@ -54,8 +54,8 @@ import pytest
 import torch
 
 import functional_mesh as fm
-from functional_mesh import P
-from tests._torch_features import needs_compiled_regions, needs_one_graph
+from functional_mesh import P, _torch
+from tests._torch_features import needs_compiled_regions
 from tests.dist._pool import WorkerFailed, pool_fixture
 from tests.dist._settings import CHECK_S, GROUP_TIMEOUT
 
@@ -723,30 +723,6 @@ def test_gpipe_region_equals_one_process(w4):
         assert max(res["loss"], res["ws"], res["xs"]) < 1e-10, res
 
 
-def one_graph_vs_eager(names: list[str], backend: str) -> dict:
-    """Each program of ``names`` compiled under ``compile_on_one_rank`` against eager mode: the largest difference
-    of its outputs and gradients."""
-    out = {}
-    for name in names:
-        fn, args, _ = _programs_4()[name]()
-        want = _leaves_grads(fn, args)
-        torch._dynamo.reset()
-        with one_graph():
-            got = _leaves_grads(torch.compile(fn, fullgraph=True, backend=backend), args)
-        torch._dynamo.reset()
-        out[name] = max((a - b).abs().max().item() for a, b in zip(got[0] + got[1], want[0] + want[1], strict=True))
-    return out
-
-
-@pytest.mark.timeout(300)
-def test_one_graph_programs_equal_eager(w4):
-    # the same graph on every rank (coordinates and split sizes computed when it runs, shared group names):
-    # the values of eager mode on every rank
-    names = [f"{ONE_GRAPH}ring and coordinates", f"{ONE_GRAPH}shard_map mlp, DTensor weights"]
-    for rank, res in enumerate(w4.run(one_graph_vs_eager, names, "aot_eager", timeout=300)):
-        assert max(res.values()) < 1e-10, (rank, res)
-
-
 def shared_cache_vs_eager(names: list[str], cache: str) -> dict:
     """Each program of ``names`` compiled on inductor under ``compile_on_one_rank`` into the cache directory
     ``cache``, rank 0 first: the other ranks wait for rank 0's graph before compiling each of theirs, so
@@ -758,8 +734,6 @@ def shared_cache_vs_eager(names: list[str], cache: str) -> dict:
     import torch.distributed as dist
     from torch._dynamo.utils import counters
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-
-    from functional_mesh import _torch
 
     store, rank, old = _torch.default_store(), dist.get_rank(), os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
@@ -795,15 +769,17 @@ def shared_cache_vs_eager(names: list[str], cache: str) -> dict:
     return out
 
 
-@needs_one_graph()
 @pytest.mark.timeout(600)
 def test_later_ranks_load_rank_0s_graphs_and_compute_their_own_values(w4, tmp_path):
-    # one cache directory: ranks 1-3 hit every graph rank 0 compiled (forward and backward; the DTensor
-    # MLP's graphs take a DeviceMesh), and rank 0's code run on them gives their eager values
+    # the same graph on every rank (coordinates and split sizes computed when it runs, shared group names), so
+    # with one cache directory ranks 1-3 hit every graph rank 0 compiled (forward and backward; the DTensor
+    # MLP's graphs take a DeviceMesh), and rank 0's code run on them gives their own eager values
     names = [f"{ONE_GRAPH}ring and coordinates", f"{ONE_GRAPH}shard_map mlp, DTensor weights"]
     for rank, res in enumerate(w4.run(shared_cache_vs_eager, names, str(tmp_path), timeout=600)):
         for name, got in res.items():
-            assert len(got["hits"]) == 2 and got["hits"] == [rank > 0] * 2, (rank, name, got)
+            assert len(got["hits"]) == 2, (rank, name, got)
+            if _torch._RUN_TIME_GROUPS:  # else (torch 2.11, 2.12) the flag changes nothing of ours: each rank its own
+                assert got["hits"] == [rank > 0] * 2, (rank, name, got)
             assert got["diff"] < 1e-5, (rank, name, got)
 
 
