@@ -743,7 +743,7 @@ def shared_cache_vs_eager(names: list[str], cache: str) -> dict:
             fn, args, _ = _programs_4()[name]()
             want, hits, order = _leaves_grads(fn, args), [], itertools.count()
 
-            def inner(gm: Any, inputs: list, hits: list = hits, name: str = name, **kwargs: Any) -> Any:
+            def inner(gm: Any, inputs: list, **kwargs: Any) -> Any:  # used within this iteration only
                 key = f"{cache} {name} {next(order)}"
                 if rank:
                     store.wait([key], datetime.timedelta(seconds=600))  # rank 0 compiling, at any load
@@ -777,9 +777,7 @@ def test_later_ranks_load_rank_0s_graphs_and_compute_their_own_values(w4, tmp_pa
     names = [f"{ONE_GRAPH}ring and coordinates", f"{ONE_GRAPH}shard_map mlp, DTensor weights"]
     for rank, res in enumerate(w4.run(shared_cache_vs_eager, names, str(tmp_path), timeout=1200)):
         for name, got in res.items():
-            assert len(got["hits"]) == 2, (rank, name, got)
-            if _torch._RUN_TIME_GROUPS:  # else (torch 2.11, 2.12) the flag changes nothing of ours: each rank its own
-                assert got["hits"] == [rank > 0] * 2, (rank, name, got)
+            assert got["hits"] == [rank > 0] * 2, (rank, name, got)  # forward and backward
             assert got["diff"] < 1e-5, (rank, name, got)
 
 

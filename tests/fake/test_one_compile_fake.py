@@ -148,7 +148,6 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.testing._internal.distributed.fake_pg
-from torch.distributed.device_mesh import DeviceMesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
 import functional_mesh as fm
 from functional_mesh import _torch
